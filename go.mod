@@ -1,0 +1,3 @@
+module github.com/ratelimitd/ratelimitd
+
+go 1.26.0

@@ -1,0 +1,80 @@
+package algo
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Never is the RetryAfter of a request that no amount of waiting admits,
+// because it asks for more hits than the limit can ever hold.
+const Never time.Duration = math.MaxInt64
+
+// Limit is one rate limit: at most Requests hits per Window, decided by
+// Algorithm. The zero Algorithm is [FixedWindow].
+type Limit struct {
+	Algorithm Algorithm
+	// Requests is N, the hits admitted per Window. Zero admits nothing.
+	Requests uint64
+	// Window is W, at least one microsecond; shorter windows count as one
+	// microsecond.
+	Window time.Duration
+	// Burst is the bucket capacity of the bucket algorithms; zero means
+	// Requests. Window-based algorithms ignore it.
+	Burst uint64
+}
+
+// Request asks a [Backend] to apply Hits to the state stored under Key.
+type Request struct {
+	// Key names the state. Different descriptors must use different keys
+	// (see package key). A Backend must not retain Key after Decide returns.
+	Key   []byte
+	Limit Limit
+	// Hits is the number of hits to consume. Zero consumes nothing and
+	// reports the state as it stands.
+	Hits uint64
+	// Shadow marks a request that is decided and consumed like any other
+	// but whose refusal never refuses the rest of its batch.
+	Shadow bool
+}
+
+// Decision is the answer to one [Request].
+type Decision struct {
+	// Allowed reports whether the request's hits fit its limit.
+	Allowed bool
+	// Remaining is how many more hits the limit admits now, after this
+	// decision's hits when they were consumed.
+	Remaining uint64
+	// ResetAfter is the time until the limit is fully restored, zero when
+	// nothing is counted against it.
+	ResetAfter time.Duration
+	// RetryAfter is, when Allowed is false, the time after which the same
+	// hits would be admitted, or [Never]. Zero when Allowed.
+	RetryAfter time.Duration
+}
+
+// State is what an algorithm stores for one key between decisions. The zero
+// value is a key never seen or already expired. The meaning of each field is
+// the algorithm's own (see each [Algorithm]); times are integer microseconds
+// since the Unix epoch.
+type State struct {
+	Time  int64
+	Count int64
+}
+
+// Backend stores state and applies requests to it atomically.
+//
+// Decide decides reqs as one batch and writes the decision for reqs[i] to
+// out[i]; len(out) must be at least len(reqs). The batch is admitted when no
+// request is refused except shadow requests: then every allowed request is
+// consumed and refused shadow requests are not. Otherwise nothing at all is
+// consumed, and every decision describes the state as it stands, so an
+// allowed request reports its remaining count without its hits taken. When
+// two requests share a key, the later one sees the earlier one's hits.
+//
+// Decide returns an error only when it could not decide, for example when
+// the store is unreachable or ctx is done; out is then meaningless.
+// Implementations must be safe for concurrent use.
+type Backend interface {
+	Decide(ctx context.Context, reqs []Request, out []Decision) error
+}

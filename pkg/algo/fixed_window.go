@@ -1,0 +1,54 @@
+package algo
+
+import "math"
+
+// fixedWindow is the step of [FixedWindow]. now is in microseconds.
+//
+// A clock that steps backwards finds a stored window later than its own:
+// the stored window keeps counting until it ends, so a step back never
+// reopens a budget early.
+func fixedWindow(s State, now int64, l Limit, hits uint64) (State, Decision) {
+	w := windowMicros(l)
+	start := now - floorMod(now, w)
+	if s.Time > start {
+		start = s.Time
+	}
+	end := start + w
+
+	var used uint64
+	if s.Time == start && s.Count > 0 {
+		used = uint64(s.Count)
+	}
+	n := min(l.Requests, math.MaxInt64) // Count is an int64
+	var remaining uint64
+	if used < n {
+		remaining = n - used
+	}
+
+	if hits <= remaining {
+		used += hits
+		d := Decision{Allowed: true, Remaining: remaining - hits}
+		if used > 0 {
+			d.ResetAfter = micros(end - now)
+		}
+		return State{Time: start, Count: int64(used)}, d
+	}
+
+	d := Decision{Remaining: remaining, RetryAfter: micros(end - now)}
+	if used > 0 {
+		d.ResetAfter = micros(end - now)
+	}
+	if hits > n {
+		d.RetryAfter = Never
+	}
+	return s, d
+}
+
+// floorMod returns x mod m in [0, m) for m > 0, also for negative x.
+func floorMod(x, m int64) int64 {
+	r := x % m
+	if r < 0 {
+		r += m
+	}
+	return r
+}

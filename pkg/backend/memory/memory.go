@@ -1,0 +1,350 @@
+// Package memory is the embedded, in-process [algo.Backend]: the default
+// backend, used when no Redis is configured.
+//
+// State lives in a sharded map, one mutex per shard, so concurrent decisions
+// on different keys rarely contend. A batch that spans several shards locks
+// them in ascending order, which keeps multi-descriptor decisions atomic
+// without deadlock. Entries expire when their state no longer matters and a
+// sweeper removes them; the number of tracked keys is bounded by
+// [Options.MaxKeys].
+package memory
+
+import (
+	"context"
+	"errors"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Defaults for [Options].
+const (
+	DefaultMaxKeys       = 1_000_000
+	DefaultShards        = 256
+	DefaultSweepInterval = time.Second
+)
+
+// evictionSample is how many entries a full shard inspects to find one to
+// evict, in the spirit of Redis's sampled eviction.
+const evictionSample = 8
+
+// stackBatch is the batch size decided without allocating scratch space.
+const stackBatch = 16
+
+// Options configure a [Backend]. The zero value selects every default.
+type Options struct {
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// MaxKeys bounds the number of keys tracked at once, shared evenly by the
+	// shards. When a shard is full, a new key first displaces an expired
+	// entry; failing that, the sampled entry closest to expiry is evicted,
+	// which forgets its count. Default DefaultMaxKeys.
+	MaxKeys int
+	// Shards is the number of independently locked shards, rounded up to a
+	// power of two. Default DefaultShards.
+	Shards int
+	// SweepInterval is how often expired entries are removed in the
+	// background. Negative disables the sweeper; [Backend.Sweep] still
+	// works. Default DefaultSweepInterval.
+	SweepInterval time.Duration
+}
+
+// Backend is the in-memory [algo.Backend]. Create it with [New] and stop its
+// sweeper with [Backend.Close].
+type Backend struct {
+	now       func() time.Time
+	seed      maphash.Seed
+	shards    []shard
+	mask      uint64
+	shardCap  int
+	evictions atomic.Uint64
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+type shard struct {
+	mu sync.Mutex
+	m  map[string]*entry
+	_  [64 - 16]byte // one shard per 64-byte cache line: no false sharing
+}
+
+type entry struct {
+	state   algo.State
+	expires int64 // µs since the Unix epoch; the state is void from then on
+}
+
+var _ algo.Backend = (*Backend)(nil)
+
+// New returns a memory backend configured by opts.
+func New(opts Options) *Backend {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = DefaultMaxKeys
+	}
+	if opts.Shards <= 0 {
+		opts.Shards = DefaultShards
+	}
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = DefaultSweepInterval
+	}
+	n := 1
+	for n < opts.Shards {
+		n <<= 1
+	}
+	b := &Backend{
+		now:      opts.Now,
+		seed:     maphash.MakeSeed(),
+		shards:   make([]shard, n),
+		mask:     uint64(n - 1),
+		shardCap: max(1, (opts.MaxKeys+n-1)/n),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	for i := range b.shards {
+		b.shards[i].m = make(map[string]*entry)
+	}
+	if opts.SweepInterval > 0 {
+		go b.sweepEvery(opts.SweepInterval)
+	} else {
+		close(b.done)
+	}
+	return b
+}
+
+// Close stops the background sweeper. The backend still decides afterwards.
+func (b *Backend) Close() error {
+	b.closeOnce.Do(func() { close(b.stop) })
+	<-b.done
+	return nil
+}
+
+// Len returns the number of keys tracked, expired or not yet swept ones
+// included.
+func (b *Backend) Len() int {
+	n := 0
+	for i := range b.shards {
+		sh := &b.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Evictions returns how many live entries were evicted because their shard
+// was full. Each one forgot a count, so a non-zero value means MaxKeys is
+// too small for the traffic.
+func (b *Backend) Evictions() uint64 {
+	return b.evictions.Load()
+}
+
+// errShortOut reports a caller bug: fewer decision slots than requests.
+var errShortOut = errors.New("memory: out is shorter than reqs")
+
+// Decide implements [algo.Backend].
+func (b *Backend) Decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
+	if len(out) < len(reqs) {
+		return errShortOut
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	now := b.now()
+	if len(reqs) == 1 {
+		b.decideOne(now, &reqs[0], &out[0])
+		return nil
+	}
+	b.decideBatch(now, reqs, out)
+	return nil
+}
+
+// decideOne is the single-request path: one shard, no scratch space.
+func (b *Backend) decideOne(now time.Time, r *algo.Request, out *algo.Decision) {
+	nowUS := now.UnixMicro()
+	sh := &b.shards[b.shardOf(r.Key)]
+	sh.mu.Lock()
+	e := sh.m[string(r.Key)]
+	var st algo.State
+	if e != nil && e.expires > nowUS {
+		st = e.state
+	}
+	next, d := algo.Step(st, now, r.Limit, r.Hits)
+	if d.Allowed && r.Hits > 0 {
+		sh.store(b, r.Key, e, next, nowUS+d.ResetAfter.Microseconds(), nowUS)
+	}
+	sh.mu.Unlock()
+	*out = d
+}
+
+// decideBatch decides several requests atomically: it locks every shard the
+// batch touches, in ascending order, computes every step, and stores the new
+// states only when the batch is admitted.
+func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Decision) {
+	nowUS := now.UnixMicro()
+	var (
+		shardBuf [stackBatch]uint64
+		lockBuf  [stackBatch]uint64
+		origBuf  [stackBatch]algo.State
+		nextBuf  [stackBatch]algo.State
+	)
+	shardIdx, locks := shardBuf[:0], lockBuf[:0]
+	orig, next := origBuf[:0], nextBuf[:0]
+	if len(reqs) > stackBatch {
+		shardIdx = make([]uint64, 0, len(reqs))
+		locks = make([]uint64, 0, len(reqs))
+		orig = make([]algo.State, 0, len(reqs))
+		next = make([]algo.State, 0, len(reqs))
+	}
+	for i := range reqs {
+		s := b.shardOf(reqs[i].Key)
+		shardIdx = append(shardIdx, s)
+		locks = insertSorted(locks, s)
+	}
+	for _, s := range locks {
+		b.shards[s].mu.Lock()
+	}
+
+	admit := true
+	for i := range reqs {
+		r := &reqs[i]
+		e := b.shards[shardIdx[i]].m[string(r.Key)]
+		var st algo.State
+		if e != nil && e.expires > nowUS {
+			st = e.state
+		}
+		orig = append(orig, st)
+		// A key seen earlier in this batch continues from that request's
+		// tentative state.
+		for j := i - 1; j >= 0; j-- {
+			if string(reqs[j].Key) == string(r.Key) {
+				st = next[j]
+				break
+			}
+		}
+		n, d := algo.Step(st, now, r.Limit, r.Hits)
+		next = append(next, n)
+		out[i] = d
+		if !d.Allowed && !r.Shadow {
+			admit = false
+		}
+	}
+
+	if admit {
+		for i := range reqs {
+			r := &reqs[i]
+			if !out[i].Allowed || r.Hits == 0 {
+				continue
+			}
+			// Look the entry up again: an earlier store in this batch may
+			// have created it, or made room by evicting it.
+			sh := &b.shards[shardIdx[i]]
+			sh.store(b, r.Key, sh.m[string(r.Key)], next[i], nowUS+out[i].ResetAfter.Microseconds(), nowUS)
+		}
+	} else {
+		// Nothing is consumed: allowed requests report the untouched state.
+		for i := range reqs {
+			if out[i].Allowed {
+				_, out[i] = algo.Step(orig[i], now, reqs[i].Limit, 0)
+			}
+		}
+	}
+
+	for j := len(locks) - 1; j >= 0; j-- {
+		b.shards[locks[j]].mu.Unlock()
+	}
+}
+
+// store saves st under key until expires. e is the key's current entry or
+// nil. The shard must be locked.
+func (sh *shard) store(b *Backend, key []byte, e *entry, st algo.State, expires, nowUS int64) {
+	if e != nil {
+		e.state, e.expires = st, expires
+		return
+	}
+	if len(sh.m) >= b.shardCap {
+		sh.makeRoom(b, nowUS)
+	}
+	sh.m[string(key)] = &entry{state: st, expires: expires}
+}
+
+// makeRoom frees one slot in a full shard: an expired entry if the sample
+// holds one, else the sampled entry closest to expiry.
+func (sh *shard) makeRoom(b *Backend, nowUS int64) {
+	var (
+		victim  string
+		soonest int64
+		seen    int
+	)
+	for k, e := range sh.m { // map iteration starts at a random position
+		if e.expires <= nowUS {
+			delete(sh.m, k)
+			return
+		}
+		if seen == 0 || e.expires < soonest {
+			victim, soonest = k, e.expires
+		}
+		if seen++; seen == evictionSample {
+			break
+		}
+	}
+	if seen > 0 {
+		delete(sh.m, victim)
+		b.evictions.Add(1)
+	}
+}
+
+// Sweep removes every expired entry now. The backend calls it every
+// [Options.SweepInterval]; tests with a fake clock call it directly.
+func (b *Backend) Sweep() {
+	nowUS := b.now().UnixMicro()
+	for i := range b.shards {
+		sh := &b.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.expires <= nowUS {
+				delete(sh.m, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+func (b *Backend) sweepEvery(d time.Duration) {
+	defer close(b.done)
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-t.C:
+			b.Sweep()
+		}
+	}
+}
+
+func (b *Backend) shardOf(key []byte) uint64 {
+	return maphash.Bytes(b.seed, key) & b.mask
+}
+
+// insertSorted inserts v into the ascending slice s unless present.
+func insertSorted(s []uint64, v uint64) []uint64 {
+	i := len(s)
+	for i > 0 && s[i-1] > v {
+		i--
+	}
+	if i > 0 && s[i-1] == v {
+		return s
+	}
+	s = append(s, 0)
+	copy(s[i+1:], s[i:])
+	s[i] = v
+	return s
+}

@@ -1,0 +1,346 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// clock is a settable test clock, safe for concurrent use.
+type clock struct{ ns atomic.Int64 }
+
+func newClock() *clock {
+	c := &clock{}
+	c.ns.Store(time.Unix(1_700_000_040, 0).UnixNano())
+	return c
+}
+func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+func newTestBackend(t testing.TB, opts Options) (*Backend, *clock) {
+	c := newClock()
+	opts.Now = c.Now
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = -1
+	}
+	b := New(opts)
+	t.Cleanup(func() { b.Close() })
+	return b, c
+}
+
+func req(key string, n uint64, hits uint64) algo.Request {
+	return algo.Request{Key: []byte(key), Limit: algo.Limit{Requests: n, Window: time.Minute}, Hits: hits}
+}
+
+func decide(t *testing.T, b *Backend, reqs ...algo.Request) []algo.Decision {
+	t.Helper()
+	out := make([]algo.Decision, len(reqs))
+	if err := b.Decide(context.Background(), reqs, out); err != nil {
+		t.Fatalf("Decide: %v", err)
+	}
+	return out
+}
+
+// remaining peeks at key's remaining count under a limit of n per minute.
+func remaining(t *testing.T, b *Backend, key string, n uint64) uint64 {
+	t.Helper()
+	return decide(t, b, req(key, n, 0))[0].Remaining
+}
+
+func TestSingleRequestCounts(t *testing.T) {
+	b, _ := newTestBackend(t, Options{})
+	for i := range 3 {
+		d := decide(t, b, req("k", 3, 1))[0]
+		if !d.Allowed || d.Remaining != uint64(2-i) {
+			t.Fatalf("hit %d: %+v", i, d)
+		}
+	}
+	if d := decide(t, b, req("k", 3, 1))[0]; d.Allowed || d.RetryAfter <= 0 {
+		t.Fatalf("4th hit: %+v, want refused with a retry-after", d)
+	}
+	if got := remaining(t, b, "other", 3); got != 3 {
+		t.Fatalf("other key remaining = %d, want 3 (keys are independent)", got)
+	}
+}
+
+func TestBatchIsAllOrNothing(t *testing.T) {
+	b, _ := newTestBackend(t, Options{})
+	decide(t, b, req("full", 1, 1))
+
+	out := decide(t, b, req("free", 5, 2), req("full", 1, 1))
+	if !out[0].Allowed || out[0].Remaining != 5 {
+		t.Errorf("within-limit request in a refused batch: %+v, want allowed reporting 5 remaining (nothing taken)", out[0])
+	}
+	if out[1].Allowed {
+		t.Errorf("over-limit request: %+v, want refused", out[1])
+	}
+	if got := remaining(t, b, "free", 5); got != 5 {
+		t.Fatalf("refused batch consumed from another key: remaining %d, want 5", got)
+	}
+
+	out = decide(t, b, req("free", 5, 2), req("also", 2, 2))
+	if !out[0].Allowed || !out[1].Allowed || out[0].Remaining != 3 || out[1].Remaining != 0 {
+		t.Fatalf("admitted batch: %+v", out)
+	}
+	if got := remaining(t, b, "free", 5); got != 3 {
+		t.Fatalf("admitted batch: free remaining %d, want 3", got)
+	}
+}
+
+func TestShadowRefusalDoesNotRefuseBatch(t *testing.T) {
+	b, _ := newTestBackend(t, Options{})
+	decide(t, b, req("shadow", 1, 1))
+
+	sh := req("shadow", 1, 1)
+	sh.Shadow = true
+	out := decide(t, b, req("enforced", 5, 1), sh)
+	if !out[0].Allowed || out[0].Remaining != 4 {
+		t.Errorf("enforced: %+v, want allowed with 4 remaining", out[0])
+	}
+	if out[1].Allowed {
+		t.Errorf("shadow: %+v, want its own decision refused", out[1])
+	}
+	if got := remaining(t, b, "enforced", 5); got != 4 {
+		t.Fatalf("enforced remaining %d, want 4: a shadow refusal must not refuse the batch", got)
+	}
+
+	// A shadow request within its limit is consumed with the batch.
+	sh = req("shadow2", 3, 1)
+	sh.Shadow = true
+	decide(t, b, req("enforced", 5, 1), sh)
+	if got := remaining(t, b, "shadow2", 3); got != 2 {
+		t.Fatalf("shadow within limit: remaining %d, want 2", got)
+	}
+	// ...and not consumed when the batch is refused.
+	decide(t, b, req("full2", 0, 1), sh)
+	if got := remaining(t, b, "shadow2", 3); got != 2 {
+		t.Fatalf("shadow in refused batch: remaining %d, want 2", got)
+	}
+}
+
+func TestSameKeyTwiceInOneBatch(t *testing.T) {
+	b, _ := newTestBackend(t, Options{})
+	out := decide(t, b, req("k", 4, 2), req("k", 4, 2))
+	if !out[0].Allowed || !out[1].Allowed || out[0].Remaining != 2 || out[1].Remaining != 0 {
+		t.Fatalf("4 of 4: %+v", out)
+	}
+
+	out = decide(t, b, req("j", 3, 2), req("j", 3, 2))
+	if !out[0].Allowed || out[1].Allowed {
+		t.Fatalf("2+2 of 3: %+v, want the second refused", out)
+	}
+	if out[0].Remaining != 3 {
+		t.Errorf("first request of refused batch reports %d remaining, want 3 (the untouched state)", out[0].Remaining)
+	}
+	if got := remaining(t, b, "j", 3); got != 3 {
+		t.Fatalf("refused batch consumed: remaining %d, want 3", got)
+	}
+}
+
+func TestLargeBatch(t *testing.T) {
+	b, _ := newTestBackend(t, Options{Shards: 4})
+	var reqs []algo.Request
+	for i := range 3 * stackBatch {
+		reqs = append(reqs, req("k"+strconv.Itoa(i%(2*stackBatch)), 2, 1))
+	}
+	out := decide(t, b, reqs...)
+	for i, d := range out {
+		if !d.Allowed {
+			t.Fatalf("request %d refused: %+v", i, d)
+		}
+	}
+	// Keys 0..15 were hit twice and are full: one more batch touching one
+	// of them is refused whole.
+	out = decide(t, b, req("k20", 2, 1), req("k3", 2, 1))
+	if out[1].Allowed || remaining(t, b, "k20", 2) != 1 {
+		t.Fatalf("refused large-key batch: %+v, k20 remaining %d", out, remaining(t, b, "k20", 2))
+	}
+}
+
+func TestExpiredStateIsForgottenAndSwept(t *testing.T) {
+	b, c := newTestBackend(t, Options{})
+	decide(t, b, req("a", 1, 1), req("b", 1, 1))
+	if b.Len() != 2 {
+		t.Fatalf("Len = %d, want 2", b.Len())
+	}
+	c.Advance(time.Minute)
+	if d := decide(t, b, req("a", 1, 1))[0]; !d.Allowed {
+		t.Fatalf("after the window: %+v, want allowed", d)
+	}
+	b.Sweep()
+	if b.Len() != 1 {
+		t.Fatalf("after Sweep: Len = %d, want 1 (only a's new window)", b.Len())
+	}
+	c.Advance(time.Minute)
+	b.Sweep()
+	if b.Len() != 0 {
+		t.Fatalf("after Sweep: Len = %d, want 0", b.Len())
+	}
+}
+
+func TestBackgroundSweeper(t *testing.T) {
+	c := newClock()
+	b := New(Options{Now: c.Now, SweepInterval: time.Millisecond})
+	defer b.Close()
+	out := make([]algo.Decision, 1)
+	if err := b.Decide(context.Background(), []algo.Request{req("a", 1, 1)}, out); err != nil {
+		t.Fatal(err)
+	}
+	c.Advance(time.Hour)
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Len() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the sweeper did not remove an expired entry within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestMaxKeysBoundsMemory(t *testing.T) {
+	b, c := newTestBackend(t, Options{MaxKeys: 8, Shards: 1})
+	for i := range 8 {
+		decide(t, b, req(fmt.Sprint("old", i), 5, 1))
+	}
+	c.Advance(time.Minute) // every "old" entry expires
+	for i := range 8 {
+		decide(t, b, req(fmt.Sprint("new", i), 5, 1))
+	}
+	if b.Len() != 8 || b.Evictions() != 0 {
+		t.Fatalf("Len %d, Evictions %d: want 8 and 0 (expired entries make room first)", b.Len(), b.Evictions())
+	}
+	for i := range 100 {
+		decide(t, b, req(fmt.Sprint("more", i), 5, 1))
+	}
+	if b.Len() != 8 {
+		t.Fatalf("Len = %d, want the bound 8", b.Len())
+	}
+	if b.Evictions() != 100 {
+		t.Fatalf("Evictions = %d, want 100", b.Evictions())
+	}
+}
+
+func TestCancelledContextConsumesNothing(t *testing.T) {
+	b, _ := newTestBackend(t, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	out := make([]algo.Decision, 1)
+	if err := b.Decide(ctx, []algo.Request{req("k", 1, 1)}, out); err != context.Canceled {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if got := remaining(t, b, "k", 1); got != 1 {
+		t.Fatalf("remaining = %d, want 1", got)
+	}
+	if err := b.Decide(context.Background(), []algo.Request{req("k", 1, 1)}, nil); err == nil {
+		t.Fatal("Decide with a short out slice did not fail")
+	}
+}
+
+// TestConcurrentDecisionsAreExact hammers shared keys from many goroutines,
+// single and in batches that lock shards in opposite orders, and checks that
+// exactly the limit is admitted: no lost updates, no deadlock.
+func TestConcurrentDecisionsAreExact(t *testing.T) {
+	b, _ := newTestBackend(t, Options{Shards: 64})
+	const limit = 1000
+	var admittedA, admittedB atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			out := make([]algo.Decision, 2)
+			for range 200 {
+				var reqs []algo.Request
+				switch g % 3 {
+				case 0:
+					reqs = []algo.Request{req("A", limit, 1)}
+				case 1:
+					reqs = []algo.Request{req("A", limit, 1), req("B", limit, 1)}
+				case 2:
+					reqs = []algo.Request{req("B", limit, 1), req("A", limit, 1)}
+				}
+				if err := b.Decide(context.Background(), reqs, out); err != nil {
+					t.Error(err)
+					return
+				}
+				admitted := true
+				for i := range reqs {
+					admitted = admitted && out[i].Allowed
+				}
+				if !admitted {
+					continue
+				}
+				for _, r := range reqs {
+					if string(r.Key) == "A" {
+						admittedA.Add(1)
+					} else {
+						admittedB.Add(1)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// 32 goroutines × 200 tries ask far more than 1000 of A.
+	if admittedA.Load() != limit {
+		t.Errorf("A admitted %d, want exactly %d", admittedA.Load(), limit)
+	}
+	if got := limit - remaining(t, b, "B", limit); got != uint64(admittedB.Load()) {
+		t.Errorf("B counted %d, but %d were admitted", got, admittedB.Load())
+	}
+}
+
+func BenchmarkDecide(b *testing.B) {
+	limit := algo.Limit{Requests: 1 << 40, Window: time.Hour}
+	b.Run("one_key_parallel", func(b *testing.B) {
+		be := New(Options{})
+		defer be.Close()
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			reqs := []algo.Request{{Key: []byte("domain/key=value"), Limit: limit, Hits: 1}}
+			out := make([]algo.Decision, 1)
+			for pb.Next() {
+				_ = be.Decide(context.Background(), reqs, out)
+			}
+		})
+	})
+	b.Run("10k_keys_parallel", func(b *testing.B) {
+		be := New(Options{})
+		defer be.Close()
+		keys := make([][]byte, 10_000)
+		for i := range keys {
+			keys[i] = []byte("domain/user=" + strconv.Itoa(i))
+		}
+		var seq atomic.Uint64
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := seq.Add(1_000_003)
+			reqs := []algo.Request{{Limit: limit, Hits: 1}}
+			out := make([]algo.Decision, 1)
+			for pb.Next() {
+				i++
+				reqs[0].Key = keys[i%uint64(len(keys))]
+				_ = be.Decide(context.Background(), reqs, out)
+			}
+		})
+	})
+	b.Run("batch_of_3_parallel", func(b *testing.B) {
+		be := New(Options{})
+		defer be.Close()
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			reqs := []algo.Request{
+				{Key: []byte("d/a=1"), Limit: limit, Hits: 1},
+				{Key: []byte("d/b=2"), Limit: limit, Hits: 1},
+				{Key: []byte("d/c=3"), Limit: limit, Hits: 1},
+			}
+			out := make([]algo.Decision, 3)
+			for pb.Next() {
+				_ = be.Decide(context.Background(), reqs, out)
+			}
+		})
+	})
+}
