@@ -49,6 +49,12 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	return 0, fmt.Errorf("unknown algorithm %q; accepted: %s", s, strings.Join(names, ", "))
 }
 
+// UsesBurst reports whether a takes a bucket capacity, [Limit.Burst]. The
+// window algorithms, FixedWindow among them, do not.
+func (a Algorithm) UsesBurst() bool {
+	return false
+}
+
 // Step applies hits to state s at time now under limit l and returns the
 // new state and the decision. It is a pure function: when the decision is
 // not allowed the returned state equals s, and a backend that does not

@@ -1,0 +1,441 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/invalid/*.golden from the current errors")
+
+// entries is a Descriptor for tests: key, value pairs. Pass it by pointer,
+// as the service passes its descriptors: a pointer converts to an
+// interface without allocating.
+type entries [][2]string
+
+func (e *entries) Len() int                     { return len(*e) }
+func (e *entries) Entry(i int) (string, string) { return (*e)[i][0], (*e)[i][1] }
+
+func parse(t testing.TB, src string) *Rules {
+	t.Helper()
+	r, err := Parse(File{Name: "test.yaml", Data: []byte(src)})
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return r
+}
+
+// TestInvalidRuleFiles loads each file (or directory) in testdata/invalid
+// and compares every reported problem with its .golden file.
+func TestInvalidRuleFiles(t *testing.T) {
+	paths, err := filepath.Glob("testdata/invalid/*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range paths {
+		if strings.HasSuffix(path, ".golden") {
+			continue
+		}
+		name := strings.TrimSuffix(filepath.Base(path), ".yaml")
+		t.Run(name, func(t *testing.T) {
+			rules, err := Load(path)
+			if err == nil {
+				t.Fatal("loaded without error")
+			}
+			if rules != nil {
+				t.Error("returned rules along with the error: an invalid set must not half-load")
+			}
+			for _, e := range unwrap(err) {
+				var ce *Error
+				if !errors.As(e, &ce) || ce.Line == 0 && ce.Msg != "the file is empty; a rule file holds a domain and its descriptors" {
+					t.Errorf("problem without file and line: %v", e)
+				}
+			}
+			got := err.Error() + "\n"
+			golden := filepath.Join("testdata/invalid", name+".golden")
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test -update to create it)", err)
+			}
+			if got != string(want) {
+				t.Errorf("errors differ from %s\ngot:\n%s\nwant:\n%s", golden, got, want)
+			}
+		})
+	}
+}
+
+func unwrap(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+func TestLoadReferenceFormat(t *testing.T) {
+	rules, err := Load("testdata/valid/reference.yaml")
+	if err != nil {
+		t.Fatalf("a file in envoyproxy/ratelimit's format did not load: %v", err)
+	}
+	d := rules.Domain("edge")
+	if d == nil || d.FailureMode != FailClosed {
+		t.Fatalf("domain edge: %+v", d)
+	}
+	byID := map[string]*Rule{}
+	for _, r := range d.Rules() {
+		byID[r.ID] = r
+	}
+	day := 24 * time.Hour
+	for _, c := range []struct {
+		id   string
+		want algo.Limit
+	}{
+		{"edge.remote_address", algo.Limit{Requests: 10, Window: time.Second}},
+		{"edge.remote_address_50.0.0.5", algo.Limit{Requests: 0, Window: time.Second}},
+		{"edge.path_/files/*", algo.Limit{Requests: 100, Window: time.Minute}},
+		{"edge.path_/api/*", algo.Limit{Requests: 100, Window: time.Minute}},
+		{"edge.model_42", algo.Limit{Requests: 1000, Window: 7 * day}},
+		{"edge.tenant", algo.Limit{Requests: 5000, Window: 30 * day}},
+		{"edge.plan", algo.Limit{Requests: 100000, Window: 365 * day}},
+		{"edge.device_id", algo.Limit{Requests: 5, Window: 7 * day}},
+	} {
+		r := byID[c.id]
+		if r == nil {
+			t.Errorf("rule %s missing; have %v", c.id, keys(byID))
+			continue
+		}
+		if r.Limit != c.want {
+			t.Errorf("%s: limit %+v, want %+v", c.id, r.Limit, c.want)
+		}
+	}
+	if r := byID["edge.service.user_user-a"]; r == nil || !r.ShadowMode || !r.DetailedMetric {
+		t.Errorf("shadow rule: %+v", r)
+	}
+	if r := byID["edge.ldap"]; r == nil || !r.Unlimited || r.Limit != (algo.Limit{}) {
+		t.Errorf("unlimited rule: %+v", r)
+	}
+	if r := byID["edge.key_2_value_2.user_bkthomps"]; r == nil || !reflect.DeepEqual(r.Replaces, []string{"specific_limit"}) {
+		t.Errorf("replacing rule: %+v", r)
+	}
+	model := byID["edge.model_42"]
+	if !model.QuotaMode || model.UnitMultiplier != 7 || model.Unit != Day ||
+		!reflect.DeepEqual(model.Metadata, map[string]any{"backend": map[string]any{"name": "small", "tier": 2}}) {
+		t.Errorf("model rule: %+v", model)
+	}
+	files := byID["edge.path_/files/*"]
+	if p := files.Path[0]; !p.Wildcard || !p.ShareThreshold || p.Value != "/files/*" {
+		t.Errorf("shared wildcard path: %+v", p)
+	}
+	if files.File != "testdata/valid/reference.yaml" || files.Line != 34 {
+		t.Errorf("rule location %s:%d, want testdata/valid/reference.yaml:34", files.File, files.Line)
+	}
+}
+
+func TestExamplesLoad(t *testing.T) {
+	rules, err := Load("../../examples")
+	if err != nil {
+		t.Fatalf("examples: %v", err)
+	}
+	var names []string
+	for _, d := range rules.Domains() {
+		names = append(names, d.Name)
+	}
+	if want := []string{"accounts", "auth", "messaging", "posts", "rewards"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("example domains %v, want %v", names, want)
+	}
+}
+
+func TestLoadDirectory(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "domain: a\ndescriptors: [{key: k, rate_limit: {requests_per_unit: 1, unit: second}}]\n")
+	write("b.yml", "domain: b\n")
+	write("notes.txt", "not a rule file")
+	write(".hidden.yaml", "this: is not even valid")
+	if err := os.Mkdir(filepath.Join(dir, "sub.yaml"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A ConfigMap-style symbolic link to a file elsewhere is followed.
+	other := t.TempDir()
+	if err := os.WriteFile(filepath.Join(other, "c.yaml"), []byte("domain: c\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(other, "c.yaml"), filepath.Join(dir, "c.yaml")); err != nil {
+		t.Fatal(err)
+	}
+
+	rules, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yml"), filepath.Join(dir, "c.yaml")}
+	if got := rules.Files(); !reflect.DeepEqual(got, want) {
+		t.Errorf("files %v, want %v", got, want)
+	}
+	if rules.Domain("a") == nil || rules.Domain("b") == nil || rules.Domain("c") == nil || rules.Domain("d") != nil {
+		t.Errorf("domains: %v", rules.Domains())
+	}
+	if len(rules.Hash()) != 64 {
+		t.Errorf("hash %q is not a hex SHA-256", rules.Hash())
+	}
+	again, _ := Load(dir)
+	if again.Hash() != rules.Hash() {
+		t.Error("the same files hash differently")
+	}
+	write("b.yml", "domain: b\ndescriptors: []\n")
+	changed, _ := Load(dir)
+	if changed.Hash() == rules.Hash() {
+		t.Error("changed files hash the same")
+	}
+
+	if _, err := Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "no rule files") {
+		t.Errorf("empty directory: err = %v", err)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: err = %v", err)
+	}
+}
+
+func TestMatch(t *testing.T) {
+	type probe struct {
+		entries entries
+		want    string // rule ID, "" for no match
+	}
+	cases := []struct {
+		name   string
+		rules  string
+		probes []probe
+	}{
+		{"exact values", `
+domain: mongo_cps
+descriptors:
+  - {key: database, value: users, rate_limit: {unit: second, requests_per_unit: 500}}
+  - {key: database, value: default, rate_limit: {unit: second, requests_per_unit: 500}}
+`, []probe{
+			{entries{{"database", "users"}}, "mongo_cps.database_users"},
+			{entries{{"database", "default"}}, "mongo_cps.database_default"},
+			{entries{{"database", "other"}}, ""},
+			{entries{{"table", "users"}}, ""},
+		}},
+		{"nested descriptors and key-only defaults", `
+domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: {unit: day, requests_per_unit: 5}
+  - key: to_number
+    rate_limit: {unit: day, requests_per_unit: 100}
+`, []probe{
+			{entries{{"message_type", "marketing"}, {"to_number", "2061111111"}}, "messaging.message_type_marketing.to_number"},
+			{entries{{"to_number", "2061111111"}}, "messaging.to_number"},
+			{entries{{"message_type", "marketing"}}, ""}, // a placeholder level without a limit
+			{entries{{"message_type", "transactional"}, {"to_number", "2061111111"}}, ""},
+		}},
+		{"exact value wins over the key-only default", `
+domain: edge
+descriptors:
+  - {key: remote_address, rate_limit: {unit: second, requests_per_unit: 10}}
+  - {key: remote_address, value: 50.0.0.5, rate_limit: {unit: second, requests_per_unit: 0}}
+`, []probe{
+			{entries{{"remote_address", "50.0.0.1"}}, "edge.remote_address"},
+			{entries{{"remote_address", "50.0.0.5"}}, "edge.remote_address_50.0.0.5"},
+			{entries{{"remote_address", ""}}, "edge.remote_address"},
+		}},
+		{"the descriptor depth must equal the rule depth", `
+domain: example4
+descriptors:
+  - key: key
+    value: value
+    rate_limit: {requests_per_unit: 300, unit: second}
+    descriptors:
+      - key: subkey
+        rate_limit: {requests_per_unit: 100, unit: second}
+  - key: other
+    rate_limit: {requests_per_unit: 1, unit: second}
+`, []probe{
+			{entries{{"key", "value"}}, "example4.key_value"},
+			{entries{{"key", "value"}, {"subkey", "subvalue"}}, "example4.key_value.subkey"},
+			{entries{{"key", "value"}, {"subkey", "subvalue"}, {"deeper", "x"}}, ""},
+			{entries{{"other", "x"}, {"subkey", "subvalue"}}, ""},
+			{entries{}, ""},
+		}},
+		{"unlimited and whitelisted descriptors", `
+domain: internal
+descriptors:
+  - {key: ldap, rate_limit: {unlimited: true}}
+  - {key: azure, rate_limit: {unit: minute, requests_per_unit: 100}}
+  - {key: healthcheck}
+`, []probe{
+			{entries{{"ldap", "x"}}, "internal.ldap"},
+			{entries{{"azure", "x"}}, "internal.azure"},
+			{entries{{"healthcheck", "x"}}, ""},
+		}},
+		{"wildcards", `
+domain: files
+descriptors:
+  - {key: path, value: /files/report.pdf, rate_limit: {unit: second, requests_per_unit: 1}}
+  - {key: path, value: /files/*, rate_limit: {unit: second, requests_per_unit: 10}}
+  - {key: path, value: /files/big/*, rate_limit: {unit: second, requests_per_unit: 2}}
+  - {key: path, value: "*", rate_limit: {unit: second, requests_per_unit: 1000}}
+  - {key: path, rate_limit: {unit: second, requests_per_unit: 5000}}
+  - {key: paths, value: x*, rate_limit: {unit: second, requests_per_unit: 7}}
+`, []probe{
+			{entries{{"path", "/files/report.pdf"}}, "files.path_/files/report.pdf"},
+			{entries{{"path", "/files/a.csv"}}, "files.path_/files/*"},
+			// The first matching wildcard in file order wins, as in
+			// envoyproxy/ratelimit, even when a later one is longer.
+			{entries{{"path", "/files/big/a.iso"}}, "files.path_/files/*"},
+			{entries{{"path", "/files"}}, "files.path_*"},
+			{entries{{"path", ""}}, "files.path_*"},
+			{entries{{"paths", "xyz"}}, "files.paths_x*"},
+			{entries{{"paths", "y"}}, ""},
+		}},
+		{"wildcards with nested descriptors", `
+domain: models
+descriptors:
+  - key: model
+    value: gpt-*
+    share_threshold: true
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: minute, requests_per_unit: 100}
+`, []probe{
+			{entries{{"model", "gpt-4"}, {"tenant", "acme"}}, "models.model_gpt-*.tenant"},
+			{entries{{"model", "llama"}, {"tenant", "acme"}}, ""},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rules := parse(t, c.rules)
+			d := rules.Domains()[0]
+			for _, p := range c.probes {
+				got := ""
+				if r := d.Match(&p.entries); r != nil {
+					got = r.ID
+				}
+				if got != p.want {
+					t.Errorf("Match(%v) = %q, want %q", p.entries, got, p.want)
+				}
+			}
+		})
+	}
+}
+
+func TestRulePath(t *testing.T) {
+	d := parse(t, `
+domain: models
+descriptors:
+  - key: model
+    value: gpt-*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 100, name: per_tenant}
+`).Domain("models")
+	r := d.Match(&entries{{"model", "gpt-4"}, {"tenant", "acme"}})
+	want := []PathElem{
+		{Key: "model", Value: "gpt-*", Wildcard: true, ShareThreshold: true, ValueToMetric: true},
+		{Key: "tenant"},
+	}
+	if !reflect.DeepEqual(r.Path, want) {
+		t.Errorf("path %+v, want %+v", r.Path, want)
+	}
+	if r.Name != "per_tenant" || r.Domain != "models" || r.Limit != (algo.Limit{Requests: 100, Window: 5 * time.Minute}) {
+		t.Errorf("rule %+v", r)
+	}
+}
+
+func TestUnitsAndFailureModes(t *testing.T) {
+	for u := Second; u <= Year; u++ {
+		got, err := ParseUnit(strings.ToUpper(u.String()))
+		if err != nil || got != u {
+			t.Errorf("ParseUnit(%q) = %v, %v", strings.ToUpper(u.String()), got, err)
+		}
+	}
+	if Month.Duration() != 30*24*time.Hour || Year.Duration() != 365*24*time.Hour || Week.Duration() != 7*24*time.Hour {
+		t.Error("month, year or week has the wrong length")
+	}
+	for _, m := range []string{"open", "closed", "error", "local"} {
+		if got, err := ParseFailureMode(m); err != nil || string(got) != m {
+			t.Errorf("ParseFailureMode(%q) = %v, %v", m, got, err)
+		}
+	}
+	if _, err := ParseFailureMode("Open"); err == nil {
+		t.Error("ParseFailureMode accepted Open")
+	}
+}
+
+func TestMatchDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector changes allocation counts")
+	}
+	d := parse(t, benchRules).Domain("messaging")
+	for _, e := range benchDescriptors {
+		if n := testing.AllocsPerRun(100, func() { d.Match(&e) }); n != 0 {
+			t.Errorf("Match(%v) allocates %v times", e, n)
+		}
+	}
+}
+
+const benchRules = `
+domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: {unit: day, requests_per_unit: 5}
+  - key: to_number
+    rate_limit: {unit: day, requests_per_unit: 100}
+  - key: path
+    value: /files/*
+    rate_limit: {unit: second, requests_per_unit: 10}
+`
+
+var benchDescriptors = map[string]entries{
+	"exact_then_key":   {{"message_type", "marketing"}, {"to_number", "2061111111"}},
+	"key_only":         {{"to_number", "2061111111"}},
+	"wildcard":         {{"path", "/files/report.pdf"}},
+	"no_match":         {{"unknown", "x"}},
+	"too_deep_no_rule": {{"to_number", "1"}, {"x", "y"}},
+}
+
+func BenchmarkMatch(b *testing.B) {
+	d := parse(b, benchRules).Domain("messaging")
+	for name, e := range benchDescriptors {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				d.Match(&e)
+			}
+		})
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
+}

@@ -1,0 +1,18 @@
+// Package config loads rule files and matches request descriptors to rules.
+//
+// Rule files use the YAML format of envoyproxy/ratelimit (the "Lyft"
+// format): one domain per file and a tree of descriptors, each with a key,
+// an optional value (exact, or a wildcard ending in "*") and an optional
+// rate_limit. Every field of that format is accepted, so its rule files load
+// unchanged, plus ratelimitd's extensions: rate_limit.algorithm,
+// rate_limit.burst and a file-level failure_mode.
+//
+// Validation is strict and complete: [Load] and [Parse] report every problem
+// at once, each as an [*Error] naming the file, line, column and field and
+// saying what would be accepted, and return no rules at all when anything is
+// wrong. Loaded [Rules] are immutable; [Domain.Match] finds the rule for a
+// descriptor without allocating.
+//
+// The package imports nothing of ratelimitd but the algorithm vocabulary in
+// package algo.
+package config

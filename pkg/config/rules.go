@@ -1,0 +1,267 @@
+package config
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Rules is a validated set of rule files: one [Domain] per file. It is
+// immutable once loaded and safe for concurrent use; a reload builds new
+// Rules and swaps them in whole.
+type Rules struct {
+	domains map[string]*Domain
+	files   []string
+	hash    string
+}
+
+// Domain returns the domain named name, or nil when no rule file defines it.
+func (r *Rules) Domain(name string) *Domain {
+	return r.domains[name]
+}
+
+// Domains returns every domain, sorted by name.
+func (r *Rules) Domains() []*Domain {
+	ds := make([]*Domain, 0, len(r.domains))
+	for _, d := range r.domains {
+		ds = append(ds, d)
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].Name < ds[j].Name })
+	return ds
+}
+
+// Files returns the rule files the set was loaded from, in load order.
+func (r *Rules) Files() []string {
+	return append([]string(nil), r.files...)
+}
+
+// Hash identifies the loaded rules: the hex SHA-256 of every file's name
+// and content, in load order. Equal hashes mean identical rule files.
+func (r *Rules) Hash() string {
+	return r.hash
+}
+
+// Domain is the rules of one domain, from one file.
+type Domain struct {
+	Name string
+	// FailureMode overrides the server's failure mode for this domain;
+	// empty means the server default.
+	FailureMode FailureMode
+	// File is the rule file that defines the domain.
+	File  string
+	root  node
+	rules []*Rule
+}
+
+// Rules returns every rule of the domain in file order.
+func (d *Domain) Rules() []*Rule {
+	return append([]*Rule(nil), d.rules...)
+}
+
+// Descriptor is the read-only view of a request descriptor that matching
+// needs: its entries, in order.
+type Descriptor interface {
+	Len() int
+	Entry(i int) (key, value string)
+}
+
+// Match returns the rule for descriptor desc, or nil when none applies.
+// It matches as envoyproxy/ratelimit does: level by level, an entry first
+// matches a rule with the same key and value, then the first wildcard rule
+// (in file order) whose value is a prefix of the entry's value, then a
+// key-only rule; the descriptor matches when every entry matched, level by
+// level, and the last one reached a rule with a rate_limit. A descriptor with
+// more or fewer entries than the rule's nesting does not match.
+//
+// Match does not allocate.
+func (d *Domain) Match(desc Descriptor) *Rule {
+	n := &d.root
+	last := desc.Len() - 1
+	for i := 0; i <= last; i++ {
+		k, v := desc.Entry(i)
+		next := n.child(k, v)
+		if next == nil {
+			return nil
+		}
+		if i == last {
+			return next.rule
+		}
+		n = next
+	}
+	return nil
+}
+
+// node is one level of a domain's descriptor tree.
+type node struct {
+	exact     map[pair]*node   // key with an exact value
+	wildcards []wildcard       // key with a value ending in "*", in file order
+	keyOnly   map[string]*node // key without a value: matches any value
+	rule      *Rule            // nil when the descriptor has no rate_limit
+}
+
+type pair struct{ key, value string }
+
+type wildcard struct {
+	key, prefix string
+	node        *node
+}
+
+// child returns the child node matching entry (k, v), or nil.
+func (n *node) child(k, v string) *node {
+	if c := n.exact[pair{k, v}]; c != nil {
+		return c
+	}
+	for i := range n.wildcards {
+		w := &n.wildcards[i]
+		if w.key == k && strings.HasPrefix(v, w.prefix) {
+			return w.node
+		}
+	}
+	return n.keyOnly[k]
+}
+
+// Rule is a descriptor with a rate_limit block.
+type Rule struct {
+	// Domain is the name of the rule's domain.
+	Domain string
+	// ID names the rule as envoyproxy/ratelimit names its statistics: the
+	// domain and the path of key or key_value elements, joined by dots,
+	// such as "messaging.message_type_marketing.to_number".
+	ID string
+	// Path is the descriptor path from the domain down to the rule.
+	Path []PathElem
+
+	// Name is rate_limit.name, used by replaces and reported to Envoy.
+	Name string
+	// Replaces lists the names of rules this rule replaces when both
+	// match one request.
+	Replaces []string
+	// Unlimited rules admit everything without counting.
+	Unlimited bool
+	// RequestsPerUnit, Unit and UnitMultiplier are the limit as written;
+	// Limit is the same in the form the algorithms take. Zero for
+	// unlimited rules.
+	RequestsPerUnit uint32
+	Unit            Unit
+	UnitMultiplier  uint32
+	Limit           algo.Limit
+
+	// ShadowMode rules are decided and counted but never refuse.
+	ShadowMode bool
+	// DetailedMetric, QuotaMode and Metadata are carried over from
+	// envoyproxy/ratelimit's format.
+	DetailedMetric bool
+	QuotaMode      bool
+	Metadata       map[string]any
+
+	// File and Line locate the descriptor that holds the rule.
+	File string
+	Line int
+}
+
+// PathElem is one level of the descriptor path that leads to a rule.
+type PathElem struct {
+	Key string
+	// Value is the value the level matches: empty for any value, or a
+	// pattern ending in "*" when Wildcard.
+	Value    string
+	Wildcard bool
+	// ShareThreshold makes every value matching the wildcard share one
+	// counter, instead of one counter per value.
+	ShareThreshold bool
+	ValueToMetric  bool
+}
+
+// Unit is a rate_limit unit. The zero value is not a valid unit.
+type Unit uint8
+
+// Units, as written in rule files (case-insensitive).
+const (
+	Second Unit = iota + 1
+	Minute
+	Hour
+	Day
+	Week
+	Month // 30 days
+	Year  // 365 days
+)
+
+// String returns the unit's rule-file name, such as "minute".
+func (u Unit) String() string {
+	switch u {
+	case Second:
+		return "second"
+	case Minute:
+		return "minute"
+	case Hour:
+		return "hour"
+	case Day:
+		return "day"
+	case Week:
+		return "week"
+	case Month:
+		return "month"
+	case Year:
+		return "year"
+	}
+	return fmt.Sprintf("unit(%d)", uint8(u))
+}
+
+// Duration returns the unit's length. A month is 30 days and a year 365,
+// as in envoyproxy/ratelimit.
+func (u Unit) Duration() time.Duration {
+	const day = 24 * time.Hour
+	switch u {
+	case Second:
+		return time.Second
+	case Minute:
+		return time.Minute
+	case Hour:
+		return time.Hour
+	case Day:
+		return day
+	case Week:
+		return 7 * day
+	case Month:
+		return 30 * day
+	case Year:
+		return 365 * day
+	}
+	return 0
+}
+
+// ParseUnit returns the unit named s, case-insensitively.
+func ParseUnit(s string) (Unit, error) {
+	var names []string
+	for u := Second; u <= Year; u++ {
+		if strings.EqualFold(s, u.String()) {
+			return u, nil
+		}
+		names = append(names, u.String())
+	}
+	return 0, fmt.Errorf("unknown unit %q; accepted: %s", s, strings.Join(names, ", "))
+}
+
+// FailureMode is what a decision is when the backend fails. The empty
+// value means "the server's default".
+type FailureMode string
+
+// Failure modes.
+const (
+	FailOpen   FailureMode = "open"   // admit
+	FailClosed FailureMode = "closed" // refuse
+	FailError  FailureMode = "error"  // answer with an error; the caller decides
+	FailLocal  FailureMode = "local"  // decide with the in-memory backend
+)
+
+// ParseFailureMode returns the failure mode named s.
+func ParseFailureMode(s string) (FailureMode, error) {
+	switch m := FailureMode(s); m {
+	case FailOpen, FailClosed, FailError, FailLocal:
+		return m, nil
+	}
+	return "", fmt.Errorf("unknown failure mode %q; accepted: open, closed, error, local", s)
+}
