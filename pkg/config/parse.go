@@ -19,8 +19,8 @@ const (
 	// MaxDomainLen is the longest domain name, the longest a request may
 	// carry.
 	MaxDomainLen = 255
-	// maxWindow is the longest window unit × unit_multiplier may make.
-	maxWindow = 100 * 365 * 24 * time.Hour
+	// MaxWindow is the longest window unit × unit_multiplier may make.
+	MaxWindow = 100 * 365 * 24 * time.Hour
 	maxUint32 = 1<<32 - 1
 )
 
@@ -321,7 +321,7 @@ func (p *parser) rateLimit(n *yaml.Node, field string) *Rule {
 	if !ok {
 		return nil
 	}
-	if r.UnitMultiplier > uint32(maxWindow/r.Unit.Duration()) {
+	if r.UnitMultiplier > uint32(MaxWindow/r.Unit.Duration()) {
 		p.fail(mult, field+".unit_multiplier", "%d %ss is longer than the longest window, 100 years", r.UnitMultiplier, r.Unit)
 		return nil
 	}

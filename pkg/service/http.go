@@ -1,0 +1,141 @@
+package service
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+)
+
+// MaxJSONBody is the largest request body POST /json reads.
+const MaxJSONBody = 1 << 20
+
+// HTTPHandler returns the HTTP endpoints:
+//
+//   - POST /json takes a RateLimitRequest as JSON (protojson) and answers
+//     the RateLimitResponse as JSON, 200 when OK and 429 when over the
+//     limit, as envoyproxy/ratelimit does; errors are {"error": "..."} with
+//     400 for bad input, 503 when the backend is unavailable.
+//   - GET /healthcheck answers 200 "OK" while serving, 503 once draining.
+//   - GET /rlconfig lists the rules in force, one line per rule.
+func (s *Service) HTTPHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /json", s.serveJSON)
+	mux.HandleFunc("GET /healthcheck", s.serveHealthcheck)
+	mux.HandleFunc("GET /rlconfig", s.serveRLConfig)
+	return mux
+}
+
+func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	if err != nil {
+		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+			writeJSONError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxJSONBody))
+			return
+		}
+		writeJSONError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+		return
+	}
+	var req rlsv3.RateLimitRequest
+	if err := protojson.Unmarshal(body, &req); err != nil {
+		writeJSONError(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON: "+err.Error())
+		return
+	}
+	resp, err := s.ShouldRateLimit(r.Context(), &req)
+	if err != nil {
+		st := status.Convert(err)
+		writeJSONError(w, httpStatus(st.Code()), st.Message())
+		return
+	}
+	out, err := protojson.Marshal(resp)
+	if err != nil {
+		writeJSONError(w, http.StatusInternalServerError, "encoding the response: "+err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	w.Write(out)
+}
+
+// httpStatus maps a gRPC code of ShouldRateLimit to an HTTP status.
+func httpStatus(c codes.Code) int {
+	switch c {
+	case codes.InvalidArgument:
+		return http.StatusBadRequest
+	case codes.Unavailable, codes.Canceled:
+		return http.StatusServiceUnavailable
+	case codes.DeadlineExceeded:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+func writeJSONError(w http.ResponseWriter, code int, msg string) {
+	body, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{msg})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(body, '\n'))
+}
+
+func (s *Service) serveHealthcheck(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if s.draining.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "draining\n")
+		return
+	}
+	io.WriteString(w, "OK\n")
+}
+
+// serveRLConfig lists the rules in force. Each line starts as
+// envoyproxy/ratelimit's /rlconfig lines do ("ID: unit=U
+// requests_per_unit=N, shadow_mode: B") and goes on with what ratelimitd
+// adds.
+func (s *Service) serveRLConfig(w http.ResponseWriter, r *http.Request) {
+	rules := s.rules.Load()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	bw := bufio.NewWriter(w)
+	fmt.Fprintf(bw, "# rules %s from %s\n", rules.Hash(), strings.Join(rules.Files(), ", "))
+	for _, d := range rules.Domains() {
+		if d.FailureMode != "" {
+			fmt.Fprintf(bw, "# domain %s: failure_mode %s\n", d.Name, d.FailureMode)
+		}
+		for _, rule := range d.Rules() {
+			writeRule(bw, rule)
+		}
+	}
+	bw.Flush()
+}
+
+func writeRule(w io.Writer, r *config.Rule) {
+	if r.Unlimited {
+		fmt.Fprintf(w, "%s: unlimited, shadow_mode: %t", r.ID, r.ShadowMode)
+	} else {
+		fmt.Fprintf(w, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, algorithm: %s",
+			r.ID, strings.ToUpper(r.Unit.String()), r.RequestsPerUnit, r.ShadowMode, r.Limit.Algorithm)
+		if r.UnitMultiplier > 1 {
+			fmt.Fprintf(w, ", unit_multiplier: %d", r.UnitMultiplier)
+		}
+	}
+	if r.Name != "" {
+		fmt.Fprintf(w, ", name: %s", r.Name)
+	}
+	if len(r.Replaces) > 0 {
+		fmt.Fprintf(w, ", replaces: %s", strings.Join(r.Replaces, " "))
+	}
+	fmt.Fprintf(w, " (%s:%d)\n", r.File, r.Line)
+}

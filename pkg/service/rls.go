@@ -1,0 +1,302 @@
+package service
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"slices"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/key"
+)
+
+// maxPooledKeyBytes caps the key buffer kept for reuse, so one huge
+// request does not pin its buffer in the pool.
+const maxPooledKeyBytes = 64 << 10
+
+// checkKind is what a descriptor turned out to need.
+type checkKind uint8
+
+const (
+	noMatch   checkKind = iota // no rule: OK without a current limit
+	unlimited                  // an unlimited rule: OK with everything remaining
+	replaced                   // a rule replaced by another of the request's rules: as noMatch
+	counted                    // decided by the backend
+)
+
+// check is one descriptor's part in a decision.
+type check struct {
+	kind     checkKind
+	rule     *config.Rule                                // the matched rule, nil for an override
+	override *rlv3.RateLimitDescriptor_RateLimitOverride // the descriptor's own limit, if any
+	limit    algo.Limit
+	req      int // index of the backend request, when counted
+	keyEnd   int // end of the key in scratch.keys, when counted
+}
+
+// scratch is one call's working space, pooled so that a decision allocates
+// little more than its response.
+type scratch struct {
+	checks    []check
+	reqs      []algo.Request
+	decisions []algo.Decision
+	keys      []byte
+}
+
+// rlsDescriptor views an RLS descriptor as a config.Descriptor. It is a
+// pointer conversion: matching does not copy or allocate.
+type rlsDescriptor rlv3.RateLimitDescriptor
+
+func (d *rlsDescriptor) Len() int { return len(d.Entries) }
+func (d *rlsDescriptor) Entry(i int) (string, string) {
+	e := d.Entries[i]
+	return e.Key, e.Value
+}
+
+// ShouldRateLimit implements Envoy's RateLimitService v3.
+//
+// Each descriptor is matched to a rule of the request's domain, or carries
+// its own limit override. The backend decides every counted descriptor as
+// one atomic batch: either all non-shadow descriptors are within their
+// limits and all of them are counted, or the answer is OVER_LIMIT and
+// nothing is counted.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if err := s.bounds.check(req); err != nil {
+		return nil, err.status()
+	}
+	n := len(req.Descriptors)
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, n),
+	}
+	dom := s.rules.Load().Domain(req.Domain)
+	if dom == nil {
+		for i := range resp.Statuses {
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		}
+		return resp, nil
+	}
+
+	sc := s.getScratch(n)
+	defer s.putScratch(sc)
+	plan(sc, dom, req)
+	if len(sc.reqs) > 0 {
+		if err := s.backend.Decide(ctx, sc.reqs, sc.decisions); err != nil {
+			return nil, s.backendError(ctx, req.Domain, err)
+		}
+	}
+
+	for i := range sc.checks {
+		c := &sc.checks[i]
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		switch c.kind {
+		case unlimited:
+			st.LimitRemaining = math.MaxUint32
+		case counted:
+			d := &sc.decisions[c.req]
+			st.CurrentLimit = currentLimit(c)
+			st.LimitRemaining = uint32(min(d.Remaining, math.MaxUint32))
+			st.DurationUntilReset = durationpb.New(d.ResetAfter)
+			if d.Allowed {
+				break
+			}
+			if c.rule != nil && c.rule.ShadowMode {
+				st.LimitRemaining = 0 // over, but shadow rules never refuse
+				break
+			}
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			if s.log.Enabled(ctx, slog.LevelDebug) {
+				s.log.DebugContext(ctx, "over limit", "domain", req.Domain, "descriptor", i,
+					"rule", ruleID(c), "retry_after", d.RetryAfter)
+			}
+		}
+	}
+	return resp, nil
+}
+
+// plan matches every descriptor of req and fills sc with the checks and
+// the backend requests they need.
+func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
+	for i, d := range req.Descriptors {
+		c := &sc.checks[i]
+		*c = check{}
+		if o := d.GetLimit(); o != nil {
+			c.kind, c.override, c.limit = counted, o, overrideLimit(o)
+			continue
+		}
+		r := dom.Match((*rlsDescriptor)(d))
+		switch {
+		case r == nil:
+		case r.Unlimited:
+			c.kind, c.rule = unlimited, r
+		default:
+			c.kind, c.rule, c.limit = counted, r, r.Limit
+		}
+	}
+
+	// A rule named N is dropped when another rule matched by the same
+	// request replaces N, as envoyproxy/ratelimit does.
+	for i := range sc.checks {
+		c := &sc.checks[i]
+		if c.kind == counted && c.rule != nil && c.rule.Name != "" && replacedBy(sc.checks, c.rule.Name) {
+			c.kind = replaced
+		}
+	}
+
+	hits := uint64(max(req.HitsAddend, 1))
+	for i, d := range req.Descriptors {
+		c := &sc.checks[i]
+		if c.kind != counted {
+			continue
+		}
+		h := hits
+		if dh := d.GetHitsAddend(); dh != nil {
+			h = dh.Value
+		}
+		sc.keys = appendKey(sc.keys, req.Domain, d, c.rule, c.limit)
+		c.req, c.keyEnd = len(sc.reqs), len(sc.keys)
+		sc.reqs = append(sc.reqs, algo.Request{Limit: c.limit, Hits: h, Shadow: c.rule != nil && c.rule.ShadowMode})
+	}
+	// Keys are sliced only now: appending may have moved the buffer.
+	start := 0
+	for i := range sc.checks {
+		if c := &sc.checks[i]; c.kind == counted {
+			sc.reqs[c.req].Key = sc.keys[start:c.keyEnd]
+			start = c.keyEnd
+		}
+	}
+	sc.decisions = sc.decisions[:len(sc.reqs)]
+}
+
+// replacedBy reports whether any matched rule in checks replaces name.
+func replacedBy(checks []check, name string) bool {
+	for i := range checks {
+		if r := checks[i].rule; r != nil && slices.Contains(r.Replaces, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// appendKey appends the state key of descriptor d under limit l. Entries
+// that matched a wildcard with share_threshold contribute the pattern, so
+// every matching value shares one counter.
+func appendKey(dst []byte, domain string, d *rlv3.RateLimitDescriptor, r *config.Rule, l algo.Limit) []byte {
+	dst = key.AppendDomain(dst, domain)
+	for i, e := range d.Entries {
+		if r != nil && r.Path[i].ShareThreshold {
+			dst = key.AppendShared(dst, e.Key, r.Path[i].Value)
+		} else {
+			dst = key.AppendEntry(dst, e.Key, e.Value)
+		}
+	}
+	return key.AppendLimit(dst, l)
+}
+
+// overrideLimit is the limit a validated override asks for. Overrides are
+// fixed windows, the algorithm Envoy's callers expect.
+func overrideLimit(o *rlv3.RateLimitDescriptor_RateLimitOverride) algo.Limit {
+	window := overrideUnit(o.Unit).Duration()
+	if m := o.GetUnitMultiplier(); m != nil {
+		window *= time.Duration(m.Value)
+	}
+	return algo.Limit{Algorithm: algo.FixedWindow, Requests: uint64(o.RequestsPerUnit), Window: window}
+}
+
+// currentLimit describes a counted check's limit for the response.
+func currentLimit(c *check) *rlsv3.RateLimitResponse_RateLimit {
+	if o := c.override; o != nil {
+		cl := &rlsv3.RateLimitResponse_RateLimit{
+			RequestsPerUnit: o.RequestsPerUnit,
+			Unit:            responseUnit(overrideUnit(o.Unit)),
+		}
+		if m := o.GetUnitMultiplier(); m != nil && m.Value > 1 {
+			cl.UnitMultiplier = wrapperspb.UInt32(m.Value)
+		}
+		return cl
+	}
+	r := c.rule
+	cl := &rlsv3.RateLimitResponse_RateLimit{
+		Name:            r.Name,
+		RequestsPerUnit: r.RequestsPerUnit,
+		Unit:            responseUnit(r.Unit),
+	}
+	if r.UnitMultiplier > 1 {
+		cl.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
+	}
+	return cl
+}
+
+func responseUnit(u config.Unit) rlsv3.RateLimitResponse_RateLimit_Unit {
+	switch u {
+	case config.Second:
+		return rlsv3.RateLimitResponse_RateLimit_SECOND
+	case config.Minute:
+		return rlsv3.RateLimitResponse_RateLimit_MINUTE
+	case config.Hour:
+		return rlsv3.RateLimitResponse_RateLimit_HOUR
+	case config.Day:
+		return rlsv3.RateLimitResponse_RateLimit_DAY
+	case config.Week:
+		return rlsv3.RateLimitResponse_RateLimit_WEEK
+	case config.Month:
+		return rlsv3.RateLimitResponse_RateLimit_MONTH
+	case config.Year:
+		return rlsv3.RateLimitResponse_RateLimit_YEAR
+	}
+	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+// ruleID names a check's limit in logs.
+func ruleID(c *check) string {
+	if c.rule != nil {
+		return c.rule.ID
+	}
+	return "limit override"
+}
+
+// backendError turns a backend failure into the caller's gRPC status.
+func (s *Service) backendError(ctx context.Context, domain string, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return status.FromContextError(ctxErr).Err()
+	}
+	s.log.DebugContext(ctx, "backend failed", "domain", domain, "error", err)
+	return status.Errorf(codes.Unavailable, "backend: %v", err)
+}
+
+func (s *Service) getScratch(n int) *scratch {
+	sc, _ := s.scratch.Get().(*scratch)
+	if sc == nil {
+		sc = &scratch{}
+	}
+	if cap(sc.checks) < n {
+		sc.checks = make([]check, n)
+		sc.reqs = make([]algo.Request, 0, n)
+		sc.decisions = make([]algo.Decision, n)
+	}
+	sc.checks = sc.checks[:n]
+	sc.reqs = sc.reqs[:0]
+	sc.decisions = sc.decisions[:cap(sc.decisions)]
+	sc.keys = sc.keys[:0]
+	return sc
+}
+
+func (s *Service) putScratch(sc *scratch) {
+	if cap(sc.keys) > maxPooledKeyBytes {
+		return
+	}
+	clear(sc.checks) // drop references to rules, so replaced rule sets can be freed
+	clear(sc.reqs)
+	s.scratch.Put(sc)
+}

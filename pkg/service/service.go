@@ -1,0 +1,97 @@
+// Package service serves rate-limit decisions: Envoy's RateLimitService v3
+// over gRPC (with grpc.health.v1 and server reflection), and the HTTP
+// endpoints /json, /healthcheck and /rlconfig.
+//
+// A [Service] is handed its [algo.Backend] and its [config.Rules]; it builds
+// neither. It matches each descriptor of a request to a rule, asks the
+// backend to decide all of them as one atomic batch, and answers in the
+// caller's protocol.
+package service
+
+import (
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+)
+
+// Options configure a [Service]. The zero value selects every default.
+type Options struct {
+	// Logger receives the service's logs. Default: discard them.
+	Logger *slog.Logger
+	// Bounds limit what one request may carry.
+	Bounds Bounds
+}
+
+// Service decides rate limits. Create it with [New]; it is safe for
+// concurrent use.
+type Service struct {
+	backend algo.Backend
+	rules   atomic.Pointer[config.Rules]
+	log     *slog.Logger
+	bounds  Bounds
+	health  *health.Server
+	// draining is set by Drain: health checks then report not serving.
+	draining atomic.Bool
+	scratch  sync.Pool // of *scratch
+}
+
+// New returns a service deciding with backend under rules.
+func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, error) {
+	if backend == nil {
+		return nil, errors.New("service: nil backend")
+	}
+	if rules == nil {
+		return nil, errors.New("service: nil rules")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Service{
+		backend: backend,
+		log:     opts.Logger,
+		bounds:  opts.Bounds.withDefaults(),
+		health:  health.NewServer(),
+	}
+	s.rules.Store(rules)
+	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	return s, nil
+}
+
+// Rules returns the rules in force.
+func (s *Service) Rules() *config.Rules {
+	return s.rules.Load()
+}
+
+// SetRules replaces the rules in force. Requests already being decided
+// finish under the rules they started with.
+func (s *Service) SetRules(r *config.Rules) {
+	if r != nil {
+		s.rules.Store(r)
+	}
+}
+
+// RegisterGRPC registers the Envoy RateLimitService v3, grpc.health.v1 and
+// server reflection (so grpcurl needs no proto files) on gs.
+func (s *Service) RegisterGRPC(gs *grpc.Server) {
+	rlsv3.RegisterRateLimitServiceServer(gs, s)
+	healthpb.RegisterHealthServer(gs, s.health)
+	reflection.Register(gs)
+}
+
+// Drain marks the service as going away: gRPC health checks answer
+// NOT_SERVING and GET /healthcheck 503, so load balancers stop sending new
+// work, while calls keep being decided until the servers stop.
+func (s *Service) Drain() {
+	s.draining.Store(true)
+	s.health.Shutdown()
+}

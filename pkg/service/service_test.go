@@ -1,0 +1,586 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+)
+
+// start is a whole minute, 2023-11-14T22:14:00Z, so windows of a minute or
+// less start there.
+var start = time.Unix(1_700_000_040, 0)
+
+const testRules = `
+domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: {name: marketing, unit: day, requests_per_unit: 5}
+  - key: to_number
+    rate_limit: {unit: day, requests_per_unit: 100}
+  - key: sender
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: internal
+    rate_limit: {unlimited: true}
+  - key: burst
+    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 3}
+  - key: files
+    value: /shared/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: files
+    value: /own/*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        rate_limit: {name: specific_limit, unit: second, requests_per_unit: 5}
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        rate_limit:
+          replaces: [{name: specific_limit}]
+          unit: second
+          requests_per_unit: 10
+`
+
+type fixture struct {
+	svc    *Service
+	client rlsv3.RateLimitServiceClient
+	conn   *grpc.ClientConn
+	clock  *testClock
+}
+
+type testClock struct{ ns atomic.Int64 }
+
+func (c *testClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *testClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// newFixture serves a Service over an in-memory gRPC connection, on the
+// memory backend with a test clock.
+func newFixture(t testing.TB, rules string) *fixture {
+	t.Helper()
+	clk := &testClock{}
+	clk.ns.Store(start.UnixNano())
+	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	t.Cleanup(func() { be.Close() })
+	return newFixtureWith(t, rules, be, clk)
+}
+
+func newFixtureWith(t testing.TB, rules string, be algo.Backend, clk *testClock) *fixture {
+	t.Helper()
+	rs, err := config.Parse(config.File{Name: "rules.yaml", Data: []byte(rules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(be, rs, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer()
+	svc.RegisterGRPC(gs)
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &fixture{svc: svc, client: rlsv3.NewRateLimitServiceClient(conn), conn: conn, clock: clk}
+}
+
+// desc builds a descriptor from key, value pairs.
+func desc(kv ...string) *rlv3.RateLimitDescriptor {
+	d := &rlv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+func request(domain string, ds ...*rlv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds}
+}
+
+func (f *fixture) call(t *testing.T, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	t.Helper()
+	resp, err := f.client.ShouldRateLimit(context.Background(), req)
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	if len(resp.Statuses) != len(req.Descriptors) {
+		t.Fatalf("%d statuses for %d descriptors", len(resp.Statuses), len(req.Descriptors))
+	}
+	return resp
+}
+
+// remaining returns the limit_remaining of a peek (hits 0) at d.
+func (f *fixture) remaining(t *testing.T, d *rlv3.RateLimitDescriptor) uint32 {
+	t.Helper()
+	peek := &rlv3.RateLimitDescriptor{Entries: d.Entries, Limit: d.Limit, HitsAddend: wrapperspb.UInt64(0)}
+	return f.call(t, request("messaging", peek)).Statuses[0].LimitRemaining
+}
+
+const (
+	ok   = rlsv3.RateLimitResponse_OK
+	over = rlsv3.RateLimitResponse_OVER_LIMIT
+)
+
+func TestCountsUntilOverLimit(t *testing.T) {
+	f := newFixture(t, testRules)
+	d := desc("message_type", "marketing", "to_number", "2061111111")
+	untilMidnight := time.Hour + 46*time.Minute // from 22:14 UTC
+	for i := range 5 {
+		resp := f.call(t, request("messaging", d))
+		st := resp.Statuses[0]
+		if resp.OverallCode != ok || st.Code != ok || st.LimitRemaining != uint32(4-i) {
+			t.Fatalf("call %d: %v", i, resp)
+		}
+		cl := st.CurrentLimit
+		if cl.GetName() != "marketing" || cl.GetRequestsPerUnit() != 5 || cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_DAY || cl.GetUnitMultiplier() != nil {
+			t.Fatalf("current_limit %v", cl)
+		}
+		if got := st.DurationUntilReset.AsDuration(); got != untilMidnight {
+			t.Fatalf("duration_until_reset %v, want %v", got, untilMidnight)
+		}
+	}
+	resp := f.call(t, request("messaging", d))
+	if resp.OverallCode != over || resp.Statuses[0].Code != over || resp.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("6th call: %v", resp)
+	}
+	// Another number has its own counter; the next day starts afresh.
+	if st := f.call(t, request("messaging", desc("message_type", "marketing", "to_number", "2062222222"))).Statuses[0]; st.Code != ok || st.LimitRemaining != 4 {
+		t.Fatalf("other number: %v", st)
+	}
+	f.clock.Advance(untilMidnight)
+	if st := f.call(t, request("messaging", d)).Statuses[0]; st.Code != ok || st.LimitRemaining != 4 {
+		t.Fatalf("next day: %v", st)
+	}
+}
+
+func TestNoMatchingRule(t *testing.T) {
+	f := newFixture(t, testRules)
+	for name, req := range map[string]*rlsv3.RateLimitRequest{
+		"unknown domain":        request("nope", desc("to_number", "1")),
+		"unknown key":           request("messaging", desc("color", "red")),
+		"placeholder level":     request("messaging", desc("message_type", "marketing")),
+		"deeper than the rules": request("messaging", desc("to_number", "1", "x", "y")),
+		"override, unknown domain": request("nope", &rlv3.RateLimitDescriptor{Entries: desc("a", "b").Entries,
+			Limit: &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_SECOND}}),
+	} {
+		resp := f.call(t, req)
+		st := resp.Statuses[0]
+		if resp.OverallCode != ok || st.Code != ok || st.CurrentLimit != nil || st.DurationUntilReset != nil {
+			t.Errorf("%s: %v, want OK without a current limit", name, resp)
+		}
+	}
+}
+
+func TestSeveralDescriptorsAreAllOrNothing(t *testing.T) {
+	f := newFixture(t, testRules)
+	marketing := desc("message_type", "marketing", "to_number", "1")
+	total := desc("to_number", "1")
+	for range 5 {
+		f.call(t, request("messaging", marketing, total))
+	}
+	resp := f.call(t, request("messaging", marketing, total))
+	if resp.OverallCode != over || resp.Statuses[0].Code != over || resp.Statuses[1].Code != ok {
+		t.Fatalf("6th: %v", resp)
+	}
+	if got := resp.Statuses[1].LimitRemaining; got != 95 {
+		t.Errorf("within-limit descriptor of a refused request reports %d remaining, want 95 (nothing taken)", got)
+	}
+	if got := f.remaining(t, total); got != 95 {
+		t.Fatalf("refused request consumed from its other descriptor: remaining %d, want 95", got)
+	}
+	// The same descriptor twice counts twice.
+	resp = f.call(t, request("messaging", total, total))
+	if resp.Statuses[0].LimitRemaining != 94 || resp.Statuses[1].LimitRemaining != 93 {
+		t.Fatalf("same descriptor twice: %v", resp)
+	}
+}
+
+func TestHitsAddend(t *testing.T) {
+	f := newFixture(t, testRules)
+	d := desc("to_number", "7")
+	req := request("messaging", d)
+	req.HitsAddend = 30
+	if st := f.call(t, req).Statuses[0]; st.LimitRemaining != 70 {
+		t.Fatalf("request hits_addend 30: %v", st)
+	}
+	// A descriptor's hits_addend wins over the request's.
+	d.HitsAddend = wrapperspb.UInt64(60)
+	if st := f.call(t, req).Statuses[0]; st.LimitRemaining != 10 {
+		t.Fatalf("descriptor hits_addend 60: %v", st)
+	}
+	// More than remains is refused whole and consumes nothing.
+	d.HitsAddend = wrapperspb.UInt64(11)
+	if st := f.call(t, req).Statuses[0]; st.Code != over || st.LimitRemaining != 10 {
+		t.Fatalf("11 of 10: %v, want OVER_LIMIT with the 10 remaining untouched", st)
+	}
+	// Zero hits peek.
+	d.HitsAddend = wrapperspb.UInt64(0)
+	if st := f.call(t, req).Statuses[0]; st.Code != ok || st.LimitRemaining != 10 {
+		t.Fatalf("peek: %v", st)
+	}
+}
+
+func TestShadowMode(t *testing.T) {
+	f := newFixture(t, testRules)
+	shadow, total := desc("sender", "s1"), desc("to_number", "9")
+	for range 2 {
+		f.call(t, request("messaging", shadow))
+	}
+	resp := f.call(t, request("messaging", shadow, total))
+	if resp.OverallCode != ok || resp.Statuses[0].Code != ok || resp.Statuses[0].LimitRemaining != 0 || resp.Statuses[0].CurrentLimit == nil {
+		t.Fatalf("shadow over its limit: %v, want OK with 0 remaining", resp)
+	}
+	if got := f.remaining(t, total); got != 99 {
+		t.Fatalf("a shadow refusal refused the request: remaining %d, want 99", got)
+	}
+}
+
+func TestUnlimited(t *testing.T) {
+	f := newFixture(t, testRules)
+	for range 3 {
+		st := f.call(t, request("messaging", desc("internal", "x"))).Statuses[0]
+		if st.Code != ok || st.LimitRemaining != math.MaxUint32 || st.CurrentLimit != nil {
+			t.Fatalf("unlimited: %v", st)
+		}
+	}
+}
+
+func TestUnitMultiplier(t *testing.T) {
+	f := newFixture(t, testRules)
+	f.clock.Advance(4 * time.Second) // 4 s into a 10 s window aligned to the epoch
+	st := f.call(t, request("messaging", desc("burst", "b"))).Statuses[0]
+	cl := st.CurrentLimit
+	if cl.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND || cl.GetUnitMultiplier().GetValue() != 10 {
+		t.Fatalf("current_limit %v", cl)
+	}
+	if got := st.DurationUntilReset.AsDuration(); got != 6*time.Second {
+		t.Fatalf("duration_until_reset %v, want 6s", got)
+	}
+}
+
+func TestReplaces(t *testing.T) {
+	f := newFixture(t, testRules)
+	specific := desc("key_1", "value_1", "user", "bkthomps")
+	replacing := desc("key_2", "value_2", "user", "bkthomps")
+	// Together, only the replacing rule applies: 10 per second.
+	for i := range 10 {
+		resp := f.call(t, request("messaging", specific, replacing))
+		if resp.OverallCode != ok {
+			t.Fatalf("call %d: %v", i, resp)
+		}
+		if st := resp.Statuses[0]; st.CurrentLimit != nil {
+			t.Fatalf("replaced descriptor reports a limit: %v", st)
+		}
+	}
+	if resp := f.call(t, request("messaging", specific, replacing)); resp.OverallCode != over {
+		t.Fatalf("11th: %v", resp)
+	}
+	// The replaced rule's own counter was not touched.
+	if got := f.call(t, request("messaging", specific)).Statuses[0].LimitRemaining; got != 4 {
+		t.Fatalf("replaced rule alone: remaining %d, want 4", got)
+	}
+}
+
+func TestLimitOverride(t *testing.T) {
+	f := newFixture(t, testRules)
+	override := func(n uint32, unit typev3.RateLimitUnit, kv ...string) *rlv3.RateLimitDescriptor {
+		d := desc(kv...)
+		d.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: n, Unit: unit}
+		return d
+	}
+	// No rule matches (color), but the domain is known: the override applies.
+	d := override(2, typev3.RateLimitUnit_MINUTE, "color", "red")
+	for i := range 2 {
+		st := f.call(t, request("messaging", d)).Statuses[0]
+		if st.Code != ok || st.CurrentLimit.GetRequestsPerUnit() != 2 || st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || st.CurrentLimit.GetName() != "" {
+			t.Fatalf("call %d: %v", i, st)
+		}
+	}
+	if st := f.call(t, request("messaging", d)).Statuses[0]; st.Code != over {
+		t.Fatalf("3rd: %v", st)
+	}
+	// An override of another unit counts apart from the rule's counter.
+	f.call(t, request("messaging", override(1, typev3.RateLimitUnit_HOUR, "to_number", "5")))
+	if got := f.remaining(t, desc("to_number", "5")); got != 100 {
+		t.Fatalf("override consumed the day rule's counter: remaining %d", got)
+	}
+	d = override(3, typev3.RateLimitUnit_SECOND, "color", "blue")
+	d.Limit.UnitMultiplier = wrapperspb.UInt32(30)
+	if st := f.call(t, request("messaging", d)).Statuses[0]; st.CurrentLimit.GetUnitMultiplier().GetValue() != 30 || st.DurationUntilReset.AsDuration() != 30*time.Second {
+		t.Fatalf("multiplied override: %v", st)
+	}
+}
+
+func TestShareThreshold(t *testing.T) {
+	f := newFixture(t, testRules)
+	f.call(t, request("messaging", desc("files", "/shared/a")))
+	if st := f.call(t, request("messaging", desc("files", "/shared/b"))).Statuses[0]; st.LimitRemaining != 0 {
+		t.Fatalf("share_threshold: /shared/b remaining %d, want 0 (one counter for the wildcard)", st.LimitRemaining)
+	}
+	f.call(t, request("messaging", desc("files", "/own/a")))
+	if st := f.call(t, request("messaging", desc("files", "/own/b"))).Statuses[0]; st.LimitRemaining != 1 {
+		t.Fatalf("plain wildcard: /own/b remaining %d, want 1 (a counter per value)", st.LimitRemaining)
+	}
+}
+
+func TestInvalidArgument(t *testing.T) {
+	f := newFixture(t, testRules)
+	long := strings.Repeat("x", 1025)
+	many := func(n int) []*rlv3.RateLimitDescriptor {
+		ds := make([]*rlv3.RateLimitDescriptor, n)
+		for i := range ds {
+			ds[i] = desc("k", "v")
+		}
+		return ds
+	}
+	manyEntries := desc()
+	for range 17 {
+		manyEntries.Entries = append(manyEntries.Entries, &rlv3.RateLimitDescriptor_Entry{Key: "k", Value: "v"})
+	}
+	withOverride := func(o *rlv3.RateLimitDescriptor_RateLimitOverride) *rlv3.RateLimitDescriptor {
+		d := desc("k", "v")
+		d.Limit = o
+		return d
+	}
+	withHits := desc("k", "v")
+	withHits.HitsAddend = wrapperspb.UInt64(1_000_000_001)
+	refund := desc("k", "v")
+	refund.IsNegativeHits = true
+
+	cases := []struct {
+		name, field, msg string
+		req              *rlsv3.RateLimitRequest
+	}{
+		{"empty domain", "domain", "must not be empty", request("", desc("k", "v"))},
+		{"long domain", "domain", "is 256 bytes long; at most 255", request(strings.Repeat("d", 256), desc("k", "v"))},
+		{"no descriptors", "descriptors", "none given; a request carries 1 to 64", request("messaging")},
+		{"too many descriptors", "descriptors", "65 given; at most 64", &rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: many(65)}},
+		{"no entries", "descriptors[0].entries", "none given; a descriptor carries 1 to 16", request("messaging", desc())},
+		{"too many entries", "descriptors[1].entries", "17 given; at most 16", request("messaging", desc("k", "v"), manyEntries)},
+		{"empty key", "descriptors[0].entries[0].key", "must not be empty", request("messaging", desc("", "v"))},
+		{"long key", "descriptors[0].entries[0].key", "is 1025 bytes long; at most 1024", request("messaging", desc(long, "v"))},
+		{"long value", "descriptors[0].entries[1].value", "is 1025 bytes long; at most 1024", request("messaging", desc("a", "b", "k", long))},
+		{"request hits", "hits_addend", "is 1000000001; at most 1000000000", &rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: many(1), HitsAddend: 1_000_000_001}},
+		{"descriptor hits", "descriptors[0].hits_addend", "is 1000000001; at most 1000000000", request("messaging", withHits)},
+		{"refund", "descriptors[0].is_negative_hits", "refunds are not supported", request("messaging", refund)},
+		{"override without unit", "descriptors[0].limit.unit", "is UNKNOWN; accepted: SECOND, MINUTE, HOUR, DAY, MONTH, YEAR",
+			request("messaging", withOverride(&rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5}))},
+		{"override multiplier 0", "descriptors[0].limit.unit_multiplier", "is 0; it must be at least 1",
+			request("messaging", withOverride(&rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_SECOND, UnitMultiplier: wrapperspb.UInt32(0)}))},
+		{"override window too long", "descriptors[0].limit.unit_multiplier", "101 years is longer than the longest window",
+			request("messaging", withOverride(&rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_YEAR, UnitMultiplier: wrapperspb.UInt32(101)}))},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := f.client.ShouldRateLimit(context.Background(), c.req)
+			st := status.Convert(err)
+			if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), c.field+": "+c.msg) {
+				t.Fatalf("got %v %q, want InvalidArgument %q", st.Code(), st.Message(), c.field+": "+c.msg)
+			}
+			var br *errdetails.BadRequest
+			for _, d := range st.Details() {
+				if b, isBR := d.(*errdetails.BadRequest); isBR {
+					br = b
+				}
+			}
+			if br == nil || len(br.FieldViolations) != 1 || br.FieldViolations[0].Field != c.field {
+				t.Fatalf("BadRequest detail %v, want the field %s", br, c.field)
+			}
+		})
+	}
+}
+
+// failingBackend fails every decision, as an unreachable store would.
+type failingBackend struct{}
+
+func (failingBackend) Decide(context.Context, []algo.Request, []algo.Decision) error {
+	return errors.New("connection refused")
+}
+
+func TestBackendFailureIsUnavailable(t *testing.T) {
+	f := newFixtureWith(t, testRules, failingBackend{}, &testClock{})
+	_, err := f.client.ShouldRateLimit(context.Background(), request("messaging", desc("to_number", "1")))
+	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "backend: connection refused" {
+		t.Fatalf("got %v, want Unavailable naming the backend error", err)
+	}
+	// Requests that need no counter do not touch the backend.
+	if resp := f.call(t, request("messaging", desc("internal", "x"), desc("color", "red"))); resp.OverallCode != ok {
+		t.Fatalf("unlimited and unmatched descriptors: %v", resp)
+	}
+}
+
+func TestHealthAndReflection(t *testing.T) {
+	f := newFixture(t, testRules)
+	hc := healthpb.NewHealthClient(f.conn)
+	for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService"} {
+		resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health %q: %v, %v", svc, resp, err)
+		}
+	}
+
+	stream, err := reflectionpb.NewServerReflectionClient(f.conn).ServerReflectionInfo(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.Name)
+	}
+	for _, want := range []string{"envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health"} {
+		if !strings.Contains(strings.Join(names, " "), want) {
+			t.Errorf("reflection lists %v, missing %s", names, want)
+		}
+	}
+
+	f.svc.Drain()
+	resp2, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
+	if err != nil || resp2.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health while draining: %v, %v", resp2, err)
+	}
+	if r := f.call(t, request("messaging", desc("to_number", "1"))); r.OverallCode != ok {
+		t.Fatalf("a draining service must still decide: %v", r)
+	}
+}
+
+func TestSetRules(t *testing.T) {
+	f := newFixture(t, testRules)
+	newRules, err := config.Parse(config.File{Name: "new.yaml", Data: []byte(`
+domain: messaging
+descriptors:
+  - {key: to_number, rate_limit: {unit: day, requests_per_unit: 1}}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.svc.SetRules(newRules)
+	if f.svc.Rules() != newRules {
+		t.Fatal("Rules() does not return the rules just set")
+	}
+	if st := f.call(t, request("messaging", desc("to_number", "1"))).Statuses[0]; st.CurrentLimit.GetRequestsPerUnit() != 1 {
+		t.Fatalf("after SetRules: %v", st)
+	}
+}
+
+// TestConcurrentCallsAreExact sends far more calls than the limit from many
+// goroutines and checks that exactly the limit is admitted.
+func TestConcurrentCallsAreExact(t *testing.T) {
+	f := newFixture(t, testRules)
+	const workers, perWorker = 16, 20 // 320 calls for a limit of 100
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range perWorker {
+				resp, err := f.client.ShouldRateLimit(context.Background(), request("messaging", desc("to_number", "hot")))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.OverallCode == ok {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if admitted.Load() != 100 {
+		t.Fatalf("admitted %d of %d calls, want exactly 100", admitted.Load(), workers*perWorker)
+	}
+}
+
+func TestResponseUnitsMatchOverrideUnits(t *testing.T) {
+	// currentLimit relies on the two Envoy unit enums agreeing for the
+	// units an override can carry.
+	for u := typev3.RateLimitUnit_SECOND; u <= typev3.RateLimitUnit_YEAR; u++ {
+		if got := responseUnit(overrideUnit(u)); got.String() != u.String() {
+			t.Errorf("override unit %v answers as %v", u, got)
+		}
+	}
+}
+
+func TestNewRejectsMissingParts(t *testing.T) {
+	rules, _ := config.Parse(config.File{Name: "r.yaml", Data: []byte("domain: d\n")})
+	if _, err := New(nil, rules, Options{}); err == nil {
+		t.Error("New accepted a nil backend")
+	}
+	if _, err := New(failingBackend{}, nil, Options{}); err == nil {
+		t.Error("New accepted nil rules")
+	}
+}
+
+func BenchmarkShouldRateLimit(b *testing.B) {
+	rules, err := config.Parse(config.File{Name: "r.yaml", Data: []byte(testRules)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	be := memory.New(memory.Options{})
+	defer be.Close()
+	svc, _ := New(be, rules, Options{})
+	for name, req := range map[string]*rlsv3.RateLimitRequest{
+		"one_descriptor":  request("messaging", desc("to_number", "2061111111")),
+		"two_descriptors": request("messaging", desc("message_type", "marketing", "to_number", "2061111111"), desc("to_number", "2061111111")),
+		"no_match":        request("messaging", desc("color", "red")),
+	} {
+		req.HitsAddend = 0
+		b.Run(name, func(b *testing.B) {
+			// Zero hits keep the counters from filling up, so every call
+			// takes the full path.
+			for _, d := range req.Descriptors {
+				d.HitsAddend = wrapperspb.UInt64(0)
+			}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := svc.ShouldRateLimit(context.Background(), req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
