@@ -2,6 +2,7 @@ package service
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,6 +62,12 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeJSONError(w, http.StatusInternalServerError, "encoding the response: "+err.Error())
 		return
+	}
+	// protojson varies its spacing from build to build on purpose; compact
+	// it so clients and scripts always see the same bytes.
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, out); err == nil {
+		out = append(compact.Bytes(), '\n')
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {

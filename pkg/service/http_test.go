@@ -54,8 +54,11 @@ func TestJSONEndpoint(t *testing.T) {
 		f.http(t, "POST", "/json", body)
 	}
 	code, _, got = f.http(t, "POST", "/json", body)
-	if code != http.StatusTooManyRequests || !strings.Contains(got, `"overallCode":"OVER_LIMIT"`) {
+	if code != http.StatusTooManyRequests || json.Unmarshal([]byte(got), &resp) != nil || resp.OverallCode != "OVER_LIMIT" {
 		t.Fatalf("51st call: %d %s", code, got)
+	}
+	if !strings.HasPrefix(got, `{"overallCode":"OVER_LIMIT","statuses":[{"code":"OK","currentLimit":`) {
+		t.Errorf("the JSON is not compact: %s", got)
 	}
 }
 

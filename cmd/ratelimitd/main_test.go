@@ -1,0 +1,184 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// env is a fake environment for Main.
+type env map[string]string
+
+func (e env) lookup(k string) (string, bool) { v, ok := e[k]; return v, ok }
+
+func runMain(t *testing.T, e env, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = Main(context.Background(), args, e.lookup, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestCheckConfig(t *testing.T) {
+	code, out, _ := runMain(t, nil, "check-config", "-config", "../../examples")
+	if code != exitOK || !strings.HasPrefix(out, "ok: 5 rule files, 5 domains, 6 rules (hash ") {
+		t.Fatalf("examples: exit %d, %q", code, out)
+	}
+	code, _, errOut := runMain(t, nil, "check-config", "-config", "../../pkg/config/testdata/invalid/missing_fields.yaml")
+	lines := strings.Split(strings.TrimSpace(errOut), "\n")
+	if code != exitError || len(lines) != 5 || !strings.HasPrefix(lines[0], "../../pkg/config/testdata/invalid/missing_fields.yaml:1:1: domain: missing") {
+		t.Fatalf("invalid file: exit %d, stderr:\n%s", code, errOut)
+	}
+	// The environment supplies -config when the command line does not.
+	code, out, _ = runMain(t, env{"RATELIMITD_CONFIG": "../../examples/auth.yaml"}, "check-config")
+	if code != exitOK || !strings.HasPrefix(out, "ok: 1 rule files, 1 domains, 1 rules") {
+		t.Fatalf("from RATELIMITD_CONFIG: exit %d, %q", code, out)
+	}
+	if code, _, errOut := runMain(t, nil, "check-config", "-config", "/nonexistent"); code != exitError || !strings.Contains(errOut, "no such file or directory") {
+		t.Fatalf("missing path: exit %d, %q", code, errOut)
+	}
+}
+
+func TestFlagsFromEnvironment(t *testing.T) {
+	var c serveConfig
+	fs := newServeFlags(&c)
+	fromEnv, err := parseFlags(fs, []string{"-grpc-addr", "127.0.0.1:1"}, env{
+		"RATELIMITD_GRPC_ADDR":        "127.0.0.1:2", // the command line wins
+		"RATELIMITD_HTTP_ADDR":        "127.0.0.1:3",
+		"RATELIMITD_MEMORY_MAX_KEYS":  "42",
+		"RATELIMITD_SHUTDOWN_TIMEOUT": "3s",
+	}.lookup, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.grpcAddr != "127.0.0.1:1" || c.httpAddr != "127.0.0.1:3" || c.memoryMaxKeys != 42 || c.shutdownTimeout != 3*time.Second {
+		t.Fatalf("parsed %+v", c)
+	}
+	if fromEnv["http-addr"] != "RATELIMITD_HTTP_ADDR" || fromEnv["grpc-addr"] != "" {
+		t.Fatalf("fromEnv = %v", fromEnv)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		env  env
+		args []string
+		want string
+	}{
+		{nil, []string{"bogus"}, `unknown command "bogus"; commands: serve, check-config, version, help`},
+		{nil, []string{"-backend", "redis"}, `invalid -backend "redis"; accepted: memory`},
+		{env{"RATELIMITD_LOG_FORMAT": "xml"}, nil, `invalid RATELIMITD_LOG_FORMAT "xml"; accepted: text, json`},
+		{env{"RATELIMITD_MAX_ENTRIES": "many"}, nil, `invalid value "many" for RATELIMITD_MAX_ENTRIES`},
+		{nil, []string{"-max-descriptors", "0"}, `invalid -max-descriptors 0; it must be at least 1`},
+		{nil, []string{"-no-such-flag"}, `flag provided but not defined: -no-such-flag`},
+		{nil, []string{"serve", "extra"}, `unexpected argument "extra"`},
+	} {
+		code, _, errOut := runMain(t, c.env, c.args...)
+		if code != exitUsage || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v %v: exit %d, stderr %q; want exit 2 and %q", c.env, c.args, code, errOut, c.want)
+		}
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	for _, arg := range []string{"help", "-h", "--help"} {
+		code, out, _ := runMain(t, nil, arg)
+		if code != exitOK || !strings.Contains(out, "-grpc-addr address") || !strings.Contains(out, "RATELIMITD_GRPC_ADDR") {
+			t.Errorf("%s: exit %d, %q", arg, code, out)
+		}
+	}
+	code, out, _ := runMain(t, nil, "version")
+	if code != exitOK || !strings.HasPrefix(out, "ratelimitd ") {
+		t.Errorf("version: exit %d, %q", code, out)
+	}
+}
+
+func TestServeFailsOnBadRules(t *testing.T) {
+	code, _, errOut := runMain(t, nil, "-config", "../../pkg/config/testdata/invalid/unknown_unit.yaml",
+		"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0")
+	if code != exitError || !strings.Contains(errOut, `unknown unit \"minutes\"`) {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+// lineWriter hands each written log line to a channel, dropping lines
+// nobody waits for so the server never blocks on its logs.
+type lineWriter struct{ lines chan string }
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	sc := bufio.NewScanner(bytes.NewReader(p))
+	for sc.Scan() {
+		select {
+		case w.lines <- sc.Text():
+		default:
+		}
+	}
+	return len(p), nil
+}
+
+// TestServeInProcess runs serve on free ports, calls it over gRPC and
+// HTTP, and stops it through the context as a signal would.
+func TestServeInProcess(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := lineWriter{lines: make(chan string, 100)}
+	exit := make(chan int, 1)
+	go func() {
+		exit <- Main(ctx, []string{"-config", "../../examples", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+			"-log-format", "json"}, env{}.lookup, io.Discard, logs)
+	}()
+
+	addrs := map[string]string{}
+	timeout := time.After(30 * time.Second)
+	for len(addrs) < 2 {
+		select {
+		case line := <-logs.lines:
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "serving ") {
+				addrs[rec.Msg] = rec.Addr
+			}
+		case code := <-exit:
+			t.Fatalf("serve exited early with %d", code)
+		case <-timeout:
+			t.Fatal("serve did not log its addresses within 30s")
+		}
+	}
+
+	conn, err := grpc.NewClient(addrs["serving gRPC"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := &rlsv3.RateLimitRequest{Domain: "posts", Descriptors: []*rlv3.RateLimitDescriptor{
+		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user_id", Value: "alice"}}}}}
+	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, req)
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 2 {
+		t.Fatalf("ShouldRateLimit: %v, %v", resp, err)
+	}
+	hr, err := http.Get(fmt.Sprintf("http://%s/healthcheck", addrs["serving HTTP"]))
+	if err != nil || hr.StatusCode != http.StatusOK {
+		t.Fatalf("healthcheck: %v, %v", hr, err)
+	}
+	hr.Body.Close()
+
+	cancel()
+	select {
+	case code := <-exit:
+		if code != exitOK {
+			t.Fatalf("exit %d after shutdown, want 0", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop within 30s of its context ending")
+	}
+}

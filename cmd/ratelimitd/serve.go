@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// serve runs the servers until ctx is done, then drains them.
+func serve(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
+	var c serveConfig
+	fs := newServeFlags(&c)
+	fs.Usage = func() { usage(stderr) }
+	var err error
+	if c.fromEnv, err = parseFlags(fs, args, lookupEnv, stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
+		}
+		return exitUsage
+	}
+	if err := c.validate(); err != nil {
+		fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
+		return exitUsage
+	}
+	log := newLogger(&c, stderr)
+	if err := run(ctx, &c, log); err != nil {
+		log.Error("ratelimitd stopped", "error", err)
+		return exitError
+	}
+	return exitOK
+}
+
+func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
+	rules, err := config.Load(c.config)
+	if err != nil {
+		return fmt.Errorf("loading rules from %s:\n%w", c.config, err)
+	}
+	log.Info("rules loaded", "path", c.config, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
+
+	backend := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys})
+	defer backend.Close()
+	log.Info("backend ready", "backend", "memory", "max_keys", c.memoryMaxKeys)
+
+	svc, err := service.New(backend, rules, service.Options{Logger: log, Bounds: c.bounds})
+	if err != nil {
+		return err
+	}
+
+	grpcLis, err := net.Listen("tcp", c.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("gRPC listener: %w", err)
+	}
+	httpLis, err := net.Listen("tcp", c.httpAddr)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("HTTP listener: %w", err)
+	}
+
+	gs := grpc.NewServer()
+	svc.RegisterGRPC(gs)
+	hs := &http.Server{
+		Handler:           svc.HTTPHandler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+
+	failed := make(chan error, 2)
+	go func() { failed <- fmt.Errorf("gRPC server: %w", gs.Serve(grpcLis)) }()
+	go func() { failed <- fmt.Errorf("HTTP server: %w", hs.Serve(httpLis)) }()
+	log.Info("serving gRPC", "addr", grpcLis.Addr().String())
+	log.Info("serving HTTP", "addr", httpLis.Addr().String())
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining in-flight calls", "timeout", c.shutdownTimeout)
+	case serveErr = <-failed:
+	}
+
+	// Health checks turn to not serving first, then the servers stop taking
+	// new calls and finish the ones in flight, within the timeout.
+	svc.Drain()
+	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(stopped)
+	}()
+	if err := hs.Shutdown(sctx); err != nil {
+		log.Warn("HTTP calls cut short", "error", err)
+	}
+	select {
+	case <-stopped:
+	case <-sctx.Done():
+		log.Warn("gRPC calls cut short: shutdown timeout reached")
+		gs.Stop()
+	}
+	if serveErr != nil {
+		return serveErr
+	}
+	log.Info("stopped")
+	return nil
+}
