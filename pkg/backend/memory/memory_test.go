@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -343,4 +344,30 @@ func BenchmarkDecide(b *testing.B) {
 			}
 		})
 	})
+}
+
+// BenchmarkFootprint reports the heap each tracked key costs, with keys
+// shaped like real ones (domain, one entry, limit: about 50 bytes).
+// Run it once: go test -run='^$' -bench=Footprint -benchtime=1x.
+func BenchmarkFootprint(b *testing.B) {
+	const keys = 200_000
+	for b.Loop() {
+		be := New(Options{SweepInterval: -1, MaxKeys: 2 * keys}) // room in every shard
+		reqs := []algo.Request{{Limit: algo.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+		out := make([]algo.Decision, 1)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i := range keys {
+			reqs[0].Key = fmt.Appendf(reqs[0].Key[:0], "5:posts=7:user_id%d:%d|fixed_window/1s", len(strconv.Itoa(i)), i)
+			_ = be.Decide(context.Background(), reqs, out)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/keys, "heap-B/key")
+		if be.Len() != keys {
+			b.Fatalf("tracked %d keys, want %d", be.Len(), keys)
+		}
+		runtime.KeepAlive(be)
+	}
 }

@@ -1,0 +1,61 @@
+# ratelimitd — run `make help` for the targets.
+
+GO          ?= go
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+BENCHSTAT   ?= golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+BENCH_COUNT ?= 10
+BENCH       ?= .
+FUZZ_TIME   ?= 30s
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build bin/ratelimitd
+	$(GO) build -o bin/ratelimitd ./cmd/ratelimitd
+
+.PHONY: run
+run: ## serve the example rules on the memory backend (gRPC :8081, HTTP :8080)
+	$(GO) run ./cmd/ratelimitd -config examples
+
+.PHONY: test
+test: ## run every test, with the race detector
+	$(GO) test -race -count=1 ./...
+
+.PHONY: lint
+lint: ## check formatting, go vet and staticcheck
+	@test -z "$$(gofmt -l .)" || { echo "gofmt would change:"; gofmt -l .; exit 1; }
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+.PHONY: bench
+bench: ## run the benchmarks BENCH_COUNT times (compare runs with `make benchstat`)
+	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -count=$(BENCH_COUNT) ./...
+
+.PHONY: benchstat
+benchstat: ## compare two saved benchmark runs: make benchstat OLD=old.txt NEW=new.txt
+	$(GO) run $(BENCHSTAT) $(OLD) $(NEW)
+
+.PHONY: fuzz
+fuzz: ## run each fuzz target for FUZZ_TIME
+	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZ_TIME) ./pkg/config
+	$(GO) test -run='^$$' -fuzz=FuzzRoundTrip -fuzztime=$(FUZZ_TIME) ./pkg/key
+
+.PHONY: fmt
+fmt: ## format the code
+	gofmt -w .
+
+.PHONY: tidy
+tidy: ## tidy go.mod and fail if it changed
+	$(GO) mod tidy
+	git diff --exit-code go.mod go.sum
+
+.PHONY: ci
+ci: lint test ## what CI checks: lint, then every test
+
+.PHONY: clean
+clean: ## remove build output
+	rm -rf bin

@@ -1,0 +1,332 @@
+// Package integration tests ratelimitd as its users run it: the real
+// binary, started as a process on free loopback ports.
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+)
+
+// startupTimeout bounds how long a server may take to log its addresses.
+const startupTimeout = 60 * time.Second
+
+// buildBinary compiles ratelimitd into a temporary directory. The Go build
+// cache makes every build after the first nearly free.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ratelimitd")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/ratelimitd").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// server is a running ratelimitd process.
+type server struct {
+	cmd      *exec.Cmd
+	grpcAddr string
+	httpAddr string
+	exited   chan struct{}
+	waitErr  error
+
+	mu   sync.Mutex
+	logs []string
+}
+
+// startServer starts ratelimitd on free loopback ports with the example
+// rules and JSON logs, and waits until it logs where it listens.
+func startServer(t *testing.T, extraArgs ...string) *server {
+	t.Helper()
+	args := append([]string{
+		"-config", "../examples",
+		"-grpc-addr", "127.0.0.1:0",
+		"-http-addr", "127.0.0.1:0",
+		"-log-format", "json",
+	}, extraArgs...)
+	s := &server{cmd: exec.Command(buildBinary(t), args...), exited: make(chan struct{})}
+	stderr, err := s.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addrs := make(chan [2]string, 4)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			s.mu.Lock()
+			s.logs = append(s.logs, line)
+			s.mu.Unlock()
+			var rec struct{ Msg, Addr string }
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Addr != "" {
+				addrs <- [2]string{rec.Msg, rec.Addr}
+			}
+		}
+		s.waitErr = s.cmd.Wait()
+		close(s.exited)
+	}()
+	t.Cleanup(func() {
+		s.cmd.Process.Kill()
+		<-s.exited
+		if t.Failed() {
+			t.Logf("server logs:\n%s", strings.Join(s.logLines(), "\n"))
+		}
+	})
+
+	deadline := time.After(startupTimeout)
+	for s.grpcAddr == "" || s.httpAddr == "" {
+		select {
+		case a := <-addrs:
+			switch a[0] {
+			case "serving gRPC":
+				s.grpcAddr = a[1]
+			case "serving HTTP":
+				s.httpAddr = a[1]
+			}
+		case <-s.exited:
+			t.Fatalf("ratelimitd exited before serving: %v\n%s", s.waitErr, strings.Join(s.logLines(), "\n"))
+		case <-deadline:
+			t.Fatalf("ratelimitd did not log its addresses within %v", startupTimeout)
+		}
+	}
+	return s
+}
+
+func (s *server) logLines() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.logs...)
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (s *server) stop(t *testing.T) int {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("ratelimitd did not exit within 30s of SIGTERM")
+	}
+	var exitErr *exec.ExitError
+	if errors.As(s.waitErr, &exitErr) {
+		return exitErr.ExitCode()
+	}
+	if s.waitErr != nil {
+		t.Fatal(s.waitErr)
+	}
+	return 0
+}
+
+func (s *server) dial(t *testing.T) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func basicAuth() *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: "auth", Descriptors: []*rlv3.RateLimitDescriptor{
+		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "auth_type", Value: "basic"}}},
+	}}
+}
+
+// TestServer starts the real binary and uses every endpoint it serves.
+func TestServer(t *testing.T) {
+	t.Parallel()
+	s := startServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn := s.dial(t)
+
+	// The example rule admits 5 basic-auth logins per minute. A window
+	// boundary could fall between the calls, so look for the sixth refusal
+	// within two windows' worth of calls.
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	var seen []rlsv3.RateLimitResponse_Code
+	for range 6 {
+		resp, err := rls.ShouldRateLimit(ctx, basicAuth())
+		if err != nil {
+			t.Fatalf("ShouldRateLimit: %v", err)
+		}
+		seen = append(seen, resp.OverallCode)
+		if st := resp.Statuses[0]; st.CurrentLimit.GetName() != "basic_auth_logins" || st.CurrentLimit.GetRequestsPerUnit() != 5 {
+			t.Fatalf("status %v", st)
+		}
+	}
+	if seen[5] != rlsv3.RateLimitResponse_OVER_LIMIT {
+		// A minute boundary fell between the calls; the new window is now
+		// filled by at most 5 more.
+		for range 5 {
+			resp, _ := rls.ShouldRateLimit(ctx, basicAuth())
+			seen = append(seen, resp.GetOverallCode())
+		}
+	}
+	if seen[len(seen)-1] != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("codes %v: the limit of 5 per minute never refused", seen)
+	}
+
+	if _, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "auth"}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("no descriptors: %v, want InvalidArgument", err)
+	}
+
+	hc, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
+	if err != nil || hc.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v, %v", hc, err)
+	}
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_FileContainingSymbol{
+		FileContainingSymbol: "envoy.service.ratelimit.v3.RateLimitService"}})
+	if r, err := stream.Recv(); err != nil || len(r.GetFileDescriptorResponse().GetFileDescriptorProto()) == 0 {
+		t.Fatalf("reflection has no descriptor for the RLS service: %v, %v", r, err)
+	}
+	// An open stream would hold up the graceful shutdown below.
+	stream.CloseSend()
+	if _, err := stream.Recv(); err != io.EOF {
+		t.Fatalf("reflection stream did not end: %v", err)
+	}
+
+	body := `{"domain":"auth","descriptors":[{"entries":[{"key":"auth_type","value":"basic"}]}]}`
+	resp, err := http.Post("http://"+s.httpAddr+"/json", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(b), `"overallCode":"OVER_LIMIT"`) {
+		t.Fatalf("/json: %d %s", resp.StatusCode, b)
+	}
+	for path, want := range map[string]string{
+		"/healthcheck": "OK\n",
+		"/rlconfig":    "auth.auth_type_basic: unit=MINUTE requests_per_unit=5",
+	} {
+		resp, err := http.Get("http://" + s.httpAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), want) {
+			t.Errorf("%s: %d %q, want 200 containing %q", path, resp.StatusCode, b, want)
+		}
+	}
+
+	if code := s.stop(t); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if logs := strings.Join(s.logLines(), "\n"); !strings.Contains(logs, `"msg":"stopped"`) || strings.Contains(logs, "cut short") {
+		t.Errorf("want a \"stopped\" log line and no call cut short:\n%s", logs)
+	}
+}
+
+// TestShutdownUnderLoad sends SIGTERM while clients are calling: the server
+// exits 0, and every call either succeeds or is refused because the server
+// is going away; none fails otherwise.
+func TestShutdownUnderLoad(t *testing.T) {
+	t.Parallel()
+	s := startServer(t)
+	conn := s.dial(t)
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		ok       int
+		bad      []error
+		stopping = make(chan struct{})
+	)
+	for w := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				req := &rlsv3.RateLimitRequest{Domain: "posts", Descriptors: []*rlv3.RateLimitDescriptor{
+					{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user_id", Value: string(rune('a'+w)) + string(rune('a'+i%26))}}}}}
+				_, err := rls.ShouldRateLimit(ctx, req)
+				mu.Lock()
+				switch {
+				case err == nil:
+					ok++
+				case status.Code(err) == codes.Unavailable:
+					mu.Unlock()
+					return // the server has gone away
+				default:
+					bad = append(bad, err)
+				}
+				mu.Unlock()
+				select {
+				case <-stopping:
+					if i > 2000 {
+						return
+					}
+				default:
+				}
+				if i > 20000 {
+					return // bounded, whatever happens
+				}
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	close(stopping)
+	code := s.stop(t)
+	wg.Wait()
+	if code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+	if len(bad) > 0 {
+		t.Fatalf("%d calls failed with other than Unavailable, first: %v", len(bad), bad[0])
+	}
+	if logs := strings.Join(s.logLines(), "\n"); strings.Contains(logs, "cut short") {
+		t.Fatalf("calls were cut short instead of drained:\n%s", logs)
+	}
+	if ok == 0 {
+		t.Fatal("no call succeeded")
+	}
+}
+
+// TestServerRefusesBadRules checks that a server given invalid rules does
+// not start, and says why.
+func TestServerRefusesBadRules(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(buildBinary(t), "-config", "../pkg/config/testdata/invalid/unknown_unit.yaml",
+		"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0")
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.ExitCode() != 1 {
+		t.Fatalf("exit %v, want 1\n%s", err, out)
+	}
+	if !strings.Contains(string(out), `unknown_unit.yaml:6:13: descriptors[0].rate_limit.unit: unknown unit \"minutes\"`) {
+		t.Fatalf("output does not locate the problem:\n%s", out)
+	}
+}

@@ -1,0 +1,79 @@
+package ratelimitd_test
+
+import (
+	"go/build"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/ratelimitd/ratelimitd"
+
+// allowedDeps is the dependency direction of ratelimitd's packages: for each
+// package, the packages of this module it may import (non-test code).
+// cmd -> service -> config, algo, key; backends -> algo; algo imports
+// nothing of ours. A new package must be added here.
+var allowedDeps = map[string][]string{
+	"pkg/algo":           {},
+	"pkg/key":            {"pkg/algo"},
+	"pkg/config":         {"pkg/algo"},
+	"pkg/backend/memory": {"pkg/algo"},
+	"pkg/service":        {"pkg/algo", "pkg/config", "pkg/key"},
+	"cmd/ratelimitd":     {"*"},
+}
+
+// stdlibOnly lists packages that may import nothing outside the standard
+// library.
+var stdlibOnly = []string{"pkg/algo", "pkg/key", "pkg/backend/memory"}
+
+func TestDependencyDirection(t *testing.T) {
+	seen := map[string]bool{}
+	for _, root := range []string{"pkg", "cmd"} {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			switch {
+			case err != nil:
+				return err
+			case !d.IsDir():
+				return nil
+			case d.Name() == "testdata":
+				return filepath.SkipDir
+			}
+			pkg, err := build.ImportDir(path, 0)
+			if _, none := err.(*build.NoGoError); none {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			rel := filepath.ToSlash(path)
+			seen[rel] = true
+			allowed, known := allowedDeps[rel]
+			if !known {
+				t.Errorf("package %s is not in allowedDeps: decide what it may import", rel)
+				return nil
+			}
+			for _, imp := range pkg.Imports {
+				if ours, ok := strings.CutPrefix(imp, module+"/"); ok {
+					if !slices.Contains(allowed, "*") && !slices.Contains(allowed, ours) {
+						t.Errorf("%s imports %s; it may import only %v", rel, ours, allowed)
+					}
+					continue
+				}
+				if slices.Contains(stdlibOnly, rel) && strings.Contains(strings.SplitN(imp, "/", 2)[0], ".") {
+					t.Errorf("%s imports %s; it may import only the standard library", rel, imp)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for p := range allowedDeps {
+		if !seen[p] {
+			t.Errorf("allowedDeps names %s, which has no Go package", p)
+		}
+	}
+}
