@@ -7,8 +7,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -30,16 +32,27 @@ import (
 // startupTimeout bounds how long a server may take to log its addresses.
 const startupTimeout = 60 * time.Second
 
-// buildBinary compiles ratelimitd into a temporary directory. The Go build
-// cache makes every build after the first nearly free.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "ratelimitd")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/ratelimitd").CombinedOutput()
+// binary is the ratelimitd executable TestMain builds for every test of
+// this package; it is set once, before any test runs.
+var binary string
+
+// TestMain compiles ratelimitd once into a temporary directory.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ratelimitd-integration")
 	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	return bin
+	binary = filepath.Join(dir, "ratelimitd")
+	out, err := exec.Command("go", "build", "-o", binary, "../cmd/ratelimitd").CombinedOutput()
+	code := 1
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+	} else {
+		code = m.Run()
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // server is a running ratelimitd process.
@@ -64,7 +77,7 @@ func startServer(t *testing.T, extraArgs ...string) *server {
 		"-http-addr", "127.0.0.1:0",
 		"-log-format", "json",
 	}, extraArgs...)
-	s := &server{cmd: exec.Command(buildBinary(t), args...), exited: make(chan struct{})}
+	s := &server{cmd: exec.Command(binary, args...), exited: make(chan struct{})}
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -319,7 +332,7 @@ func TestShutdownUnderLoad(t *testing.T) {
 // not start, and says why.
 func TestServerRefusesBadRules(t *testing.T) {
 	t.Parallel()
-	cmd := exec.Command(buildBinary(t), "-config", "../pkg/config/testdata/invalid/unknown_unit.yaml",
+	cmd := exec.Command(binary, "-config", "../pkg/config/testdata/invalid/unknown_unit.yaml",
 		"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0")
 	out, err := cmd.CombinedOutput()
 	var exitErr *exec.ExitError
