@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -438,4 +439,33 @@ func keys[V any](m map[string]V) []string {
 		ks = append(ks, k)
 	}
 	return ks
+}
+
+// TestAliasBomb feeds a file of nested aliases ("billion laughs"): nine
+// levels of ten anchored descriptors, each listing the ten of the level
+// below by alias. Walked naively it holds 10^9 descriptors. It must be
+// refused, quickly.
+func TestAliasBomb(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("domain: bomb\ndescriptors:\n")
+	for i := range 9 {
+		for j := range 10 {
+			fmt.Fprintf(&b, "  - &a%d_%d {key: k%d_%d", i, j, i, j)
+			if i > 0 {
+				b.WriteString(", descriptors: [")
+				for k := range 10 {
+					if k > 0 {
+						b.WriteString(", ")
+					}
+					fmt.Fprintf(&b, "*a%d_%d", i-1, k)
+				}
+				b.WriteString("]")
+			}
+			b.WriteString("}\n")
+		}
+	}
+	_, err := Parse(File{Name: "bomb.yaml", Data: []byte(b.String())})
+	if err == nil || !strings.Contains(err.Error(), "more than 10000 uses of aliases") || len(unwrap(err)) != 1 {
+		t.Fatalf("err = %.300v", err)
+	}
 }

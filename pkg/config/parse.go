@@ -22,6 +22,8 @@ const (
 	// MaxWindow is the longest window unit × unit_multiplier may make.
 	MaxWindow = 100 * 365 * 24 * time.Hour
 	maxUint32 = 1<<32 - 1
+	// maxAliases bounds the uses of YAML aliases in one file.
+	maxAliases = 10_000
 )
 
 // The fields each mapping accepts, as error messages list them.
@@ -41,6 +43,7 @@ type parser struct {
 	domainNode *yaml.Node
 	names      map[string]bool // every rate_limit.name, valid rule or not
 	refs       []replacesRef
+	aliases    int // alias uses so far
 }
 
 // replacesRef is one name in a replaces list, checked once the whole domain
@@ -83,7 +86,11 @@ func (p *parser) parseFile(data []byte) *Domain {
 		return nil
 	}
 
-	root := resolve(doc.Content[0])
+	if len(doc.Content) == 0 {
+		p.fail(nil, "", "the file is empty; a rule file holds a domain and its descriptors")
+		return nil
+	}
+	root := p.resolve(doc.Content[0])
 	if root.Kind != yaml.MappingNode {
 		p.fail(root, "", "a rule file must be a mapping with domain and descriptors; found %s", describe(root))
 		return nil
@@ -136,6 +143,9 @@ func (p *parser) descriptors(d *Domain, level *node, seq *yaml.Node, field strin
 	items := p.sequence(seq, field)
 	firsts := make(map[pair]int) // key and value -> line of the first such descriptor
 	for i, item := range items {
+		if p.aliases > maxAliases {
+			return // refused already; the rest would only echo it
+		}
 		p.descriptor(d, level, item, fmt.Sprintf("%s[%d]", field, i), path, firsts)
 	}
 }
@@ -145,7 +155,11 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 	var keyNode, rateLimit, children, share *yaml.Node
 	var shadow, detailed, quota bool
 	var metadata map[string]any
-	for _, f := range p.mapping(item, field) {
+	fields := p.mapping(item, field)
+	if p.aliases > maxAliases {
+		return
+	}
+	for _, f := range fields {
 		sub := field + "." + f.name
 		switch f.name {
 		case "key":
@@ -366,7 +380,7 @@ func (p *parser) replaces(n *yaml.Node, field string) []string {
 }
 
 func (p *parser) metadata(n *yaml.Node, field string) map[string]any {
-	n = resolve(n)
+	n = p.resolve(n)
 	if n.Kind != yaml.MappingNode {
 		p.fail(n, field, "must be a mapping; found %s", describe(n))
 		return nil
@@ -388,7 +402,7 @@ type mappingField struct {
 // keys (<<) expanded. A null node is an empty mapping. Anything else, keys
 // that are not plain names and keys given twice are reported.
 func (p *parser) mapping(n *yaml.Node, field string) []mappingField {
-	n = resolve(n)
+	n = p.resolve(n)
 	if n == nil || isNull(n) {
 		return nil
 	}
@@ -399,9 +413,9 @@ func (p *parser) mapping(n *yaml.Node, field string) []mappingField {
 	var fields, merged []mappingField
 	seen := make(map[string]*yaml.Node)
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := resolve(n.Content[i]), n.Content[i+1]
+		k, v := p.resolve(n.Content[i]), n.Content[i+1]
 		if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
-			src := resolve(v)
+			src := p.resolve(v)
 			if src.Kind == yaml.SequenceNode {
 				for _, m := range src.Content {
 					merged = append(merged, p.mapping(m, field)...)
@@ -433,7 +447,7 @@ func (p *parser) mapping(n *yaml.Node, field string) []mappingField {
 
 // sequence returns the items of list n; a null node is an empty list.
 func (p *parser) sequence(n *yaml.Node, field string) []*yaml.Node {
-	n = resolve(n)
+	n = p.resolve(n)
 	if n == nil || isNull(n) {
 		return nil
 	}
@@ -447,7 +461,7 @@ func (p *parser) sequence(n *yaml.Node, field string) []*yaml.Node {
 // str returns scalar n as a string. Null is the empty string; numbers and
 // booleans are taken as written, as envoyproxy/ratelimit does.
 func (p *parser) str(n *yaml.Node, field string) (string, bool) {
-	n = resolve(n)
+	n = p.resolve(n)
 	if n.Kind != yaml.ScalarNode {
 		p.fail(n, field, "must be a string; found %s", describe(n))
 		return "", false
@@ -462,7 +476,7 @@ func (p *parser) str(n *yaml.Node, field string) (string, bool) {
 // spellings (yes, no, on, off) that envoyproxy/ratelimit's parser accepts
 // are accepted.
 func (p *parser) boolean(n *yaml.Node, field string) bool {
-	n = resolve(n)
+	n = p.resolve(n)
 	var b bool
 	if n.Kind != yaml.ScalarNode || (n.Tag != "!!bool" && n.Tag != "!!str") || n.Decode(&b) != nil {
 		p.fail(n, field, "must be true or false; found %s", describe(n))
@@ -473,7 +487,7 @@ func (p *parser) boolean(n *yaml.Node, field string) bool {
 
 // uint returns scalar n as a whole number in [lo, hi].
 func (p *parser) uint(n *yaml.Node, field string, lo, hi uint64) (uint64, bool) {
-	n = resolve(n)
+	n = p.resolve(n)
 	var v uint64
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&v) != nil || v < lo || v > hi {
 		p.fail(n, field, "must be a whole number from %d to %d; found %s", lo, hi, describe(n))
@@ -505,8 +519,17 @@ func (p *parser) yamlError(err error) {
 	p.errs = append(p.errs, &Error{File: p.file, Line: line, Column: min(line, 1), Msg: "invalid YAML: " + msg})
 }
 
-func resolve(n *yaml.Node) *yaml.Node {
+// resolve follows aliases to the node they name. Each use of an alias walks
+// its node again, so a file of nested aliases could make the walk
+// exponential ("billion laughs"); past maxAliases uses the file is refused.
+func (p *parser) resolve(n *yaml.Node) *yaml.Node {
 	for n != nil && n.Kind == yaml.AliasNode {
+		if p.aliases++; p.aliases > maxAliases {
+			if p.aliases == maxAliases+1 {
+				p.fail(n, "", "more than %d uses of aliases; expand the file or use fewer aliases", maxAliases)
+			}
+			return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Line: n.Line, Column: n.Column}
+		}
 		n = n.Alias
 	}
 	return n

@@ -105,7 +105,7 @@ func (b *Bounds) check(req *rlsv3.RateLimitRequest) *badRequest {
 		case n > b.MaxEntries:
 			return bad(fmt.Sprintf("descriptors[%d].entries", i), "%d given; at most %d are accepted", n, b.MaxEntries)
 		}
-		for j, e := range d.Entries {
+		for j, e := range d.GetEntries() {
 			switch n := len(e.GetKey()); {
 			case n == 0:
 				return bad(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), "must not be empty")

@@ -584,3 +584,17 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		})
 	}
 }
+
+// TestNilMessagesInProcess calls the service directly, as an in-process
+// caller might, with nil descriptors and entries: refused, never a panic.
+func TestNilMessagesInProcess(t *testing.T) {
+	f := newFixture(t, testRules)
+	for name, req := range map[string]*rlsv3.RateLimitRequest{
+		"nil descriptor": {Domain: "messaging", Descriptors: []*rlv3.RateLimitDescriptor{nil}},
+		"nil entry":      {Domain: "messaging", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{nil}}}},
+	} {
+		if _, err := f.svc.ShouldRateLimit(context.Background(), req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+}
