@@ -70,7 +70,7 @@ func (p *parser) parseFile(data []byte) *Domain {
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			p.fail(nil, "", "the file is empty; a rule file holds a domain and its descriptors")
+			p.fail(&yaml.Node{Line: 1, Column: 1}, "", "the file is empty; a rule file holds a domain and its descriptors")
 		} else {
 			p.yamlError(err)
 		}
@@ -87,7 +87,7 @@ func (p *parser) parseFile(data []byte) *Domain {
 	}
 
 	if len(doc.Content) == 0 {
-		p.fail(nil, "", "the file is empty; a rule file holds a domain and its descriptors")
+		p.fail(&yaml.Node{Line: 1, Column: 1}, "", "the file is empty; a rule file holds a domain and its descriptors")
 		return nil
 	}
 	root := p.resolve(doc.Content[0])
