@@ -10,8 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/invalid/*.golden from the current errors")
@@ -100,31 +98,33 @@ func TestLoadReferenceFormat(t *testing.T) {
 	}
 	day := 24 * time.Hour
 	for _, c := range []struct {
-		id   string
-		want algo.Limit
+		id     string
+		n      uint32
+		window time.Duration
 	}{
-		{"edge.remote_address", algo.Limit{Requests: 10, Window: time.Second}},
-		{"edge.remote_address_50.0.0.5", algo.Limit{Requests: 0, Window: time.Second}},
-		{"edge.path_/files/*", algo.Limit{Requests: 100, Window: time.Minute}},
-		{"edge.path_/api/*", algo.Limit{Requests: 100, Window: time.Minute}},
-		{"edge.model_42", algo.Limit{Requests: 1000, Window: 7 * day}},
-		{"edge.tenant", algo.Limit{Requests: 5000, Window: 30 * day}},
-		{"edge.plan", algo.Limit{Requests: 100000, Window: 365 * day}},
-		{"edge.device_id", algo.Limit{Requests: 5, Window: 7 * day}},
+		{"edge.remote_address", 10, time.Second},
+		{"edge.remote_address_50.0.0.5", 0, time.Second},
+		{"edge.path_/files/*", 100, time.Minute},
+		{"edge.path_/api/*", 100, time.Minute},
+		{"edge.model_42", 1000, 7 * day},
+		{"edge.tenant", 5000, 30 * day},
+		{"edge.plan", 100000, 365 * day},
+		{"edge.device_id", 5, 7 * day},
 	} {
 		r := byID[c.id]
 		if r == nil {
 			t.Errorf("rule %s missing; have %v", c.id, keys(byID))
 			continue
 		}
-		if r.Limit != c.want {
-			t.Errorf("%s: limit %+v, want %+v", c.id, r.Limit, c.want)
+		if r.RequestsPerUnit != c.n || r.Window != c.window || r.Algorithm != FixedWindow || r.Burst != 0 {
+			t.Errorf("%s: %d per %v (%v, burst %d), want %d per %v with fixed_window", c.id,
+				r.RequestsPerUnit, r.Window, r.Algorithm, r.Burst, c.n, c.window)
 		}
 	}
 	if r := byID["edge.service.user_user-a"]; r == nil || !r.ShadowMode || !r.DetailedMetric {
 		t.Errorf("shadow rule: %+v", r)
 	}
-	if r := byID["edge.ldap"]; r == nil || !r.Unlimited || r.Limit != (algo.Limit{}) {
+	if r := byID["edge.ldap"]; r == nil || !r.Unlimited || r.Window != 0 || r.Unit != 0 || r.UnitMultiplier != 0 {
 		t.Errorf("unlimited rule: %+v", r)
 	}
 	if r := byID["edge.key_2_value_2.user_bkthomps"]; r == nil || !reflect.DeepEqual(r.Replaces, []string{"specific_limit"}) {
@@ -361,7 +361,7 @@ descriptors:
 	if !reflect.DeepEqual(r.Path, want) {
 		t.Errorf("path %+v, want %+v", r.Path, want)
 	}
-	if r.Name != "per_tenant" || r.Domain != "models" || r.Limit != (algo.Limit{Requests: 100, Window: 5 * time.Minute}) {
+	if r.Name != "per_tenant" || r.Domain != "models" || r.RequestsPerUnit != 100 || r.Window != 5*time.Minute {
 		t.Errorf("rule %+v", r)
 	}
 }
@@ -383,6 +383,11 @@ func TestUnitsAndFailureModes(t *testing.T) {
 	}
 	if _, err := ParseFailureMode("Open"); err == nil {
 		t.Error("ParseFailureMode accepted Open")
+	}
+	for _, a := range Algorithms() {
+		if got, err := ParseAlgorithm(a.String()); err != nil || got != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v", a.String(), got, err)
+		}
 	}
 }
 

@@ -13,6 +13,6 @@
 // wrong. Loaded [Rules] are immutable; [Domain.Match] finds the rule for a
 // descriptor without allocating.
 //
-// The package imports nothing of ratelimitd but the algorithm vocabulary in
-// package algo.
+// The package imports nothing else of ratelimitd: it knows which algorithms
+// a rule file may name ([Algorithm]), not how they work.
 package config

@@ -38,8 +38,8 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("accepted domain name %q", d.Name)
 			}
 			for _, r := range d.Rules() {
-				if !r.Unlimited && r.Limit.Window <= 0 {
-					t.Fatalf("accepted rule %s with window %v", r.ID, r.Limit.Window)
+				if !r.Unlimited && (r.Window <= 0 || r.Window > MaxWindow) {
+					t.Fatalf("accepted rule %s with window %v", r.ID, r.Window)
 				}
 			}
 		}

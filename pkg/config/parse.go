@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
-
-	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // Bounds on what a rule file may say.
@@ -289,12 +287,12 @@ func (p *parser) rateLimit(n *yaml.Node, field string) *Rule {
 				ok = false
 				break
 			}
-			a, err := algo.ParseAlgorithm(s)
+			a, err := ParseAlgorithm(s)
 			if err != nil {
 				p.fail(f.val, sub, "%v", err)
 				ok = false
 			}
-			r.Limit.Algorithm = a
+			r.Algorithm = a
 		case "burst":
 			burst = f.val
 			var good bool
@@ -339,13 +337,12 @@ func (p *parser) rateLimit(n *yaml.Node, field string) *Rule {
 		p.fail(mult, field+".unit_multiplier", "%d %ss is longer than the longest window, 100 years", r.UnitMultiplier, r.Unit)
 		return nil
 	}
-	if burst != nil && !r.Limit.Algorithm.UsesBurst() {
-		p.fail(burst, field+".burst", "%s does not use burst; only bucket algorithms take a capacity", r.Limit.Algorithm)
+	if burst != nil && !r.Algorithm.UsesBurst() {
+		p.fail(burst, field+".burst", "%s does not use burst; only bucket algorithms take a capacity", r.Algorithm)
 		return nil
 	}
-	r.Limit.Requests = uint64(r.RequestsPerUnit)
-	r.Limit.Window = time.Duration(r.UnitMultiplier) * r.Unit.Duration()
-	r.Limit.Burst = burstN
+	r.Window = time.Duration(r.UnitMultiplier) * r.Unit.Duration()
+	r.Burst = burstN
 	return r
 }
 

@@ -5,8 +5,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-
-	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // Rules is a validated set of rule files: one [Domain] per file. It is
@@ -141,13 +139,16 @@ type Rule struct {
 	Replaces []string
 	// Unlimited rules admit everything without counting.
 	Unlimited bool
-	// RequestsPerUnit, Unit and UnitMultiplier are the limit as written;
-	// Limit is the same in the form the algorithms take. Zero for
-	// unlimited rules.
+	// RequestsPerUnit, Unit and UnitMultiplier are the limit as written,
+	// and Window is Unit × UnitMultiplier. All zero for unlimited rules.
 	RequestsPerUnit uint32
 	Unit            Unit
 	UnitMultiplier  uint32
-	Limit           algo.Limit
+	Window          time.Duration
+	// Algorithm decides the rule; Burst is its bucket capacity, 0 when the
+	// algorithm takes none or the rule leaves it to the default.
+	Algorithm Algorithm
+	Burst     uint64
 
 	// ShadowMode rules are decided and counted but never refuse.
 	ShadowMode bool

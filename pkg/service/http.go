@@ -133,7 +133,7 @@ func writeRule(w io.Writer, r *config.Rule) {
 		fmt.Fprintf(w, "%s: unlimited, shadow_mode: %t", r.ID, r.ShadowMode)
 	} else {
 		fmt.Fprintf(w, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, algorithm: %s",
-			r.ID, strings.ToUpper(r.Unit.String()), r.RequestsPerUnit, r.ShadowMode, r.Limit.Algorithm)
+			r.ID, strings.ToUpper(r.Unit.String()), r.RequestsPerUnit, r.ShadowMode, r.Algorithm)
 		if r.UnitMultiplier > 1 {
 			fmt.Fprintf(w, ", unit_multiplier: %d", r.UnitMultiplier)
 		}

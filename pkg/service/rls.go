@@ -141,7 +141,7 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 		case r.Unlimited:
 			c.kind, c.rule = unlimited, r
 		default:
-			c.kind, c.rule, c.limit = counted, r, r.Limit
+			c.kind, c.rule, c.limit = counted, r, ruleLimit(r)
 		}
 	}
 
@@ -202,6 +202,25 @@ func appendKey(dst []byte, domain string, d *rlv3.RateLimitDescriptor, r *config
 		}
 	}
 	return key.AppendLimit(dst, l)
+}
+
+// ruleLimit is the limit a rule asks for, in the form the algorithms take.
+func ruleLimit(r *config.Rule) algo.Limit {
+	return algo.Limit{
+		Algorithm: algorithm(r.Algorithm),
+		Requests:  uint64(r.RequestsPerUnit),
+		Window:    r.Window,
+		Burst:     r.Burst,
+	}
+}
+
+// algorithm maps the algorithm a rule file names to its implementation.
+func algorithm(a config.Algorithm) algo.Algorithm {
+	switch a {
+	case config.FixedWindow:
+		return algo.FixedWindow
+	}
+	return math.MaxUint8 // no such algorithm: algo.Step refuses
 }
 
 // overrideLimit is the limit a validated override asks for. Overrides are

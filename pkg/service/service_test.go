@@ -542,6 +542,26 @@ func TestResponseUnitsMatchOverrideUnits(t *testing.T) {
 	}
 }
 
+// TestEveryRuleAlgorithmIsImplemented checks that the algorithms rule files
+// may name and the algorithms package algo implements are the same set,
+// under the same names.
+func TestEveryRuleAlgorithmIsImplemented(t *testing.T) {
+	implemented := map[algo.Algorithm]bool{}
+	for _, a := range algo.Algorithms() {
+		implemented[a] = true
+	}
+	for _, a := range config.Algorithms() {
+		impl := algorithm(a)
+		if !implemented[impl] || impl.String() != a.String() || impl.UsesBurst() != a.UsesBurst() {
+			t.Errorf("rule algorithm %v maps to %v (burst %v), want the implementation of the same name", a, impl, impl.UsesBurst())
+		}
+		delete(implemented, impl)
+	}
+	for a := range implemented {
+		t.Errorf("algorithm %v is implemented but no rule file can name it", a)
+	}
+}
+
 func TestNewRejectsMissingParts(t *testing.T) {
 	rules, _ := config.Parse(config.File{Name: "r.yaml", Data: []byte("domain: d\n")})
 	if _, err := New(nil, rules, Options{}); err == nil {

@@ -1,0 +1,50 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Algorithm is the value of a rule's rate_limit.algorithm: the algorithms a
+// rule file may name. Package algo implements them; the service maps each
+// one to its implementation. The zero value is FixedWindow, the default.
+type Algorithm uint8
+
+// Algorithms, as rule files name them.
+const (
+	FixedWindow Algorithm = iota // "fixed_window"
+)
+
+// Algorithms returns every algorithm a rule file may name, in a stable
+// order.
+func Algorithms() []Algorithm {
+	return []Algorithm{FixedWindow}
+}
+
+// String returns the algorithm's rule-file name.
+func (a Algorithm) String() string {
+	switch a {
+	case FixedWindow:
+		return "fixed_window"
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// UsesBurst reports whether the algorithm takes rate_limit.burst, a bucket
+// capacity. The window algorithms, fixed_window among them, do not.
+func (a Algorithm) UsesBurst() bool {
+	return false
+}
+
+// ParseAlgorithm returns the algorithm named s. Names are case-sensitive,
+// like every other rule-file keyword.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	var names []string
+	for _, a := range Algorithms() {
+		if a.String() == s {
+			return a, nil
+		}
+		names = append(names, a.String())
+	}
+	return 0, fmt.Errorf("unknown algorithm %q; accepted: %s", s, strings.Join(names, ", "))
+}
