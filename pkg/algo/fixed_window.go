@@ -4,13 +4,16 @@ import "math"
 
 // fixedWindow is the step of [FixedWindow]. now is in microseconds.
 //
-// A clock that steps backwards finds a stored window later than its own:
-// the stored window keeps counting until it ends, so a step back never
-// reopens a budget early.
+// A clock that steps back finds a stored window later than its own. Up to
+// one window ahead, the stored window keeps counting until it ends, at most
+// two windows away: a small step back neither reopens a spent budget nor
+// holds it shut for long. A stored window further ahead is void, as if the
+// window had passed; freezing a key for as long as the clock stepped back
+// would be worse.
 func fixedWindow(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	w := windowMicros(l)
 	start := now - floorMod(now, w)
-	if s.Time > start {
+	if s.Time > start && s.Time-start <= w {
 		start = s.Time
 	}
 	end := start + w

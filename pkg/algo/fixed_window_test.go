@@ -75,11 +75,17 @@ func TestFixedWindow(t *testing.T) {
 			{0, 1, Decision{Allowed: true, Remaining: 0, ResetAfter: sec}},
 			{10 * sec, 1, Decision{Allowed: true, Remaining: 0, ResetAfter: sec}},
 		}},
-		{"a clock stepping back keeps the newer window", perSecond(2), []step{
-			{5 * sec, 2, Decision{Allowed: true, Remaining: 0, ResetAfter: sec}},
-			// 3s behind: the window [5s, 6s) is still counting.
-			{2 * sec, 1, Decision{Remaining: 0, ResetAfter: 4 * sec, RetryAfter: 4 * sec}},
+		{"a clock stepping back less than a window keeps the newer window", perSecond(2), []step{
+			{5500 * ms, 2, Decision{Allowed: true, Remaining: 0, ResetAfter: 500 * ms}},
+			// 0.7 s back: the window [5 s, 6 s) is still counting.
+			{4800 * ms, 1, Decision{Remaining: 0, ResetAfter: 1200 * ms, RetryAfter: 1200 * ms}},
 			{6 * sec, 1, Decision{Allowed: true, Remaining: 1, ResetAfter: sec}},
+		}},
+		{"a clock stepping back more than a window starts afresh", perSecond(2), []step{
+			{5 * sec, 2, Decision{Allowed: true, Remaining: 0, ResetAfter: sec}},
+			// 3 s back: the stored window is void rather than frozen for 3 s.
+			{2 * sec, 1, Decision{Allowed: true, Remaining: 1, ResetAfter: sec}},
+			{2500 * ms, 2, Decision{Remaining: 1, ResetAfter: 500 * ms, RetryAfter: 500 * ms}},
 		}},
 		{"a clock stepping forward starts a fresh window", perSecond(2), []step{
 			{0, 2, Decision{Allowed: true, Remaining: 0, ResetAfter: sec}},

@@ -446,31 +446,48 @@ func keys[V any](m map[string]V) []string {
 	return ks
 }
 
-// TestAliasBomb feeds a file of nested aliases ("billion laughs"): nine
-// levels of ten anchored descriptors, each listing the ten of the level
-// below by alias. Walked naively it holds 10^9 descriptors. It must be
-// refused, quickly.
-func TestAliasBomb(t *testing.T) {
-	var b strings.Builder
-	b.WriteString("domain: bomb\ndescriptors:\n")
+// TestAliasBombs feeds rule files whose aliases expand enormously
+// ("billion laughs"): one nests them, nine levels of ten anchored
+// descriptors each listing the ten below (10^9 descriptors); one repeats
+// them, a list of 2,000 descriptors reused 9,000 times (18 million). Both
+// must be refused, quickly, with one problem each.
+func TestAliasBombs(t *testing.T) {
+	var deep strings.Builder
+	deep.WriteString("domain: deep\ndescriptors:\n")
 	for i := range 9 {
 		for j := range 10 {
-			fmt.Fprintf(&b, "  - &a%d_%d {key: k%d_%d", i, j, i, j)
+			fmt.Fprintf(&deep, "  - &a%d_%d {key: k%d_%d", i, j, i, j)
 			if i > 0 {
-				b.WriteString(", descriptors: [")
+				deep.WriteString(", descriptors: [")
 				for k := range 10 {
 					if k > 0 {
-						b.WriteString(", ")
+						deep.WriteString(", ")
 					}
-					fmt.Fprintf(&b, "*a%d_%d", i-1, k)
+					fmt.Fprintf(&deep, "*a%d_%d", i-1, k)
 				}
-				b.WriteString("]")
+				deep.WriteString("]")
 			}
-			b.WriteString("}\n")
+			deep.WriteString("}\n")
 		}
 	}
-	_, err := Parse(File{Name: "bomb.yaml", Data: []byte(b.String())})
-	if err == nil || !strings.Contains(err.Error(), "more than 10000 uses of aliases") || len(unwrap(err)) != 1 {
-		t.Fatalf("err = %.300v", err)
+
+	var wide strings.Builder
+	wide.WriteString("domain: wide\ndescriptors:\n  - key: root\n    descriptors: &big [")
+	for i := range 2000 {
+		if i > 0 {
+			wide.WriteString(", ")
+		}
+		fmt.Fprintf(&wide, "{key: k%d}", i)
+	}
+	wide.WriteString("]\n")
+	for i := range 9000 {
+		fmt.Fprintf(&wide, "  - {key: r%d, descriptors: *big}\n", i)
+	}
+
+	for name, src := range map[string]string{"deep": deep.String(), "wide": wide.String()} {
+		_, err := Parse(File{Name: name + ".yaml", Data: []byte(src)})
+		if err == nil || !strings.Contains(err.Error(), "the file expands to more than 200000 YAML nodes") || len(unwrap(err)) != 1 {
+			t.Errorf("%s: err = %.300v", name, err)
+		}
 	}
 }

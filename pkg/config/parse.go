@@ -20,8 +20,10 @@ const (
 	// MaxWindow is the longest window unit × unit_multiplier may make.
 	MaxWindow = 100 * 365 * 24 * time.Hour
 	maxUint32 = 1<<32 - 1
-	// maxAliases bounds the uses of YAML aliases in one file.
-	maxAliases = 10_000
+	// maxNodes bounds the YAML nodes walked in one file, every use of an
+	// alias counting its nodes again: far above any real rule file, far
+	// below what a file of nested or repeated aliases can expand to.
+	maxNodes = 200_000
 )
 
 // The fields each mapping accepts, as error messages list them.
@@ -41,7 +43,7 @@ type parser struct {
 	domainNode *yaml.Node
 	names      map[string]bool // every rate_limit.name, valid rule or not
 	refs       []replacesRef
-	aliases    int // alias uses so far
+	nodes      int // nodes walked so far
 }
 
 // replacesRef is one name in a replaces list, checked once the whole domain
@@ -88,7 +90,7 @@ func (p *parser) parseFile(data []byte) *Domain {
 		p.fail(&yaml.Node{Line: 1, Column: 1}, "", "the file is empty; a rule file holds a domain and its descriptors")
 		return nil
 	}
-	root := p.resolve(doc.Content[0])
+	root := resolve(doc.Content[0])
 	if root.Kind != yaml.MappingNode {
 		p.fail(root, "", "a rule file must be a mapping with domain and descriptors; found %s", describe(root))
 		return nil
@@ -141,7 +143,7 @@ func (p *parser) descriptors(d *Domain, level *node, seq *yaml.Node, field strin
 	items := p.sequence(seq, field)
 	firsts := make(map[pair]int) // key and value -> line of the first such descriptor
 	for i, item := range items {
-		if p.aliases > maxAliases {
+		if p.nodes > maxNodes {
 			return // refused already; the rest would only echo it
 		}
 		p.descriptor(d, level, item, fmt.Sprintf("%s[%d]", field, i), path, firsts)
@@ -154,7 +156,7 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 	var shadow, detailed, quota bool
 	var metadata map[string]any
 	fields := p.mapping(item, field)
-	if p.aliases > maxAliases {
+	if p.nodes > maxNodes {
 		return
 	}
 	for _, f := range fields {
@@ -377,7 +379,7 @@ func (p *parser) replaces(n *yaml.Node, field string) []string {
 }
 
 func (p *parser) metadata(n *yaml.Node, field string) map[string]any {
-	n = p.resolve(n)
+	n = resolve(n)
 	if n.Kind != yaml.MappingNode {
 		p.fail(n, field, "must be a mapping; found %s", describe(n))
 		return nil
@@ -399,7 +401,7 @@ type mappingField struct {
 // keys (<<) expanded. A null node is an empty mapping. Anything else, keys
 // that are not plain names and keys given twice are reported.
 func (p *parser) mapping(n *yaml.Node, field string) []mappingField {
-	n = p.resolve(n)
+	n = resolve(n)
 	if n == nil || isNull(n) {
 		return nil
 	}
@@ -407,12 +409,15 @@ func (p *parser) mapping(n *yaml.Node, field string) []mappingField {
 		p.fail(n, field, "must be a mapping of fields; found %s", describe(n))
 		return nil
 	}
+	if !p.charge(n, len(n.Content)/2) {
+		return nil
+	}
 	var fields, merged []mappingField
 	seen := make(map[string]*yaml.Node)
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := p.resolve(n.Content[i]), n.Content[i+1]
+		k, v := resolve(n.Content[i]), n.Content[i+1]
 		if k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
-			src := p.resolve(v)
+			src := resolve(v)
 			if src.Kind == yaml.SequenceNode {
 				for _, m := range src.Content {
 					merged = append(merged, p.mapping(m, field)...)
@@ -444,12 +449,15 @@ func (p *parser) mapping(n *yaml.Node, field string) []mappingField {
 
 // sequence returns the items of list n; a null node is an empty list.
 func (p *parser) sequence(n *yaml.Node, field string) []*yaml.Node {
-	n = p.resolve(n)
+	n = resolve(n)
 	if n == nil || isNull(n) {
 		return nil
 	}
 	if n.Kind != yaml.SequenceNode {
 		p.fail(n, field, "must be a list (lines starting with \"- \"); found %s", describe(n))
+		return nil
+	}
+	if !p.charge(n, len(n.Content)) {
 		return nil
 	}
 	return n.Content
@@ -458,7 +466,7 @@ func (p *parser) sequence(n *yaml.Node, field string) []*yaml.Node {
 // str returns scalar n as a string. Null is the empty string; numbers and
 // booleans are taken as written, as envoyproxy/ratelimit does.
 func (p *parser) str(n *yaml.Node, field string) (string, bool) {
-	n = p.resolve(n)
+	n = resolve(n)
 	if n.Kind != yaml.ScalarNode {
 		p.fail(n, field, "must be a string; found %s", describe(n))
 		return "", false
@@ -473,7 +481,7 @@ func (p *parser) str(n *yaml.Node, field string) (string, bool) {
 // spellings (yes, no, on, off) that envoyproxy/ratelimit's parser accepts
 // are accepted.
 func (p *parser) boolean(n *yaml.Node, field string) bool {
-	n = p.resolve(n)
+	n = resolve(n)
 	var b bool
 	if n.Kind != yaml.ScalarNode || (n.Tag != "!!bool" && n.Tag != "!!str") || n.Decode(&b) != nil {
 		p.fail(n, field, "must be true or false; found %s", describe(n))
@@ -484,7 +492,7 @@ func (p *parser) boolean(n *yaml.Node, field string) bool {
 
 // uint returns scalar n as a whole number in [lo, hi].
 func (p *parser) uint(n *yaml.Node, field string, lo, hi uint64) (uint64, bool) {
-	n = p.resolve(n)
+	n = resolve(n)
 	var v uint64
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&v) != nil || v < lo || v > hi {
 		p.fail(n, field, "must be a whole number from %d to %d; found %s", lo, hi, describe(n))
@@ -516,20 +524,28 @@ func (p *parser) yamlError(err error) {
 	p.errs = append(p.errs, &Error{File: p.file, Line: line, Column: min(line, 1), Msg: "invalid YAML: " + msg})
 }
 
-// resolve follows aliases to the node they name. Each use of an alias walks
-// its node again, so a file of nested aliases could make the walk
-// exponential ("billion laughs"); past maxAliases uses the file is refused.
-func (p *parser) resolve(n *yaml.Node) *yaml.Node {
+// resolve follows aliases to the node they name.
+func resolve(n *yaml.Node) *yaml.Node {
 	for n != nil && n.Kind == yaml.AliasNode {
-		if p.aliases++; p.aliases > maxAliases {
-			if p.aliases == maxAliases+1 {
-				p.fail(n, "", "more than %d uses of aliases; expand the file or use fewer aliases", maxAliases)
-			}
-			return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Line: n.Line, Column: n.Column}
-		}
 		n = n.Alias
 	}
 	return n
+}
+
+// charge counts n more nodes walked and reports whether the walk may go on.
+// Each use of an alias walks its node again, so a few lines of nested or
+// repeated aliases can expand to billions of nodes ("billion laughs"); past
+// maxNodes the file is refused.
+func (p *parser) charge(at *yaml.Node, n int) bool {
+	before := p.nodes
+	p.nodes += n
+	if p.nodes <= maxNodes {
+		return true
+	}
+	if before <= maxNodes {
+		p.fail(at, "", "the file expands to more than %d YAML nodes, its aliases counted at every use; a rule file may hold at most that many", maxNodes)
+	}
+	return false
 }
 
 func isNull(n *yaml.Node) bool {
