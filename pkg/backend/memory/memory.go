@@ -38,13 +38,18 @@ const stackBatch = 16
 type Options struct {
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// MaxKeys bounds the number of keys tracked at once, shared evenly by the
-	// shards. When a shard is full, a new key first displaces an expired
-	// entry; failing that, the sampled entry closest to expiry is evicted,
-	// which forgets its count. Default DefaultMaxKeys.
+	// MaxKeys bounds the number of keys tracked at once. Each shard holds
+	// an equal share (MaxKeys / shards, rounded down), so evictions can start
+	// before MaxKeys keys when one shard fills first. When a shard is full,
+	// a new key first displaces an expired entry; failing that, the sampled
+	// entry closest to expiry is evicted, which forgets its count. Keys of
+	// the batch being decided are never evicted to make room for each
+	// other, so a shard may pass its share by the size of one batch.
+	// Default DefaultMaxKeys.
 	MaxKeys int
 	// Shards is the number of independently locked shards, rounded up to a
-	// power of two. Default DefaultShards.
+	// power of two, and lowered so that each holds at least one key.
+	// Default DefaultShards.
 	Shards int
 	// SweepInterval is how often expired entries are removed in the
 	// background. Negative disables the sweeper; [Backend.Sweep] still
@@ -98,12 +103,15 @@ func New(opts Options) *Backend {
 	for n < opts.Shards {
 		n <<= 1
 	}
+	for n > 1 && n > opts.MaxKeys {
+		n >>= 1
+	}
 	b := &Backend{
 		now:      opts.Now,
 		seed:     maphash.MakeSeed(),
 		shards:   make([]shard, n),
 		mask:     uint64(n - 1),
-		shardCap: max(1, (opts.MaxKeys+n-1)/n),
+		shardCap: opts.MaxKeys / n,
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -168,7 +176,7 @@ func (b *Backend) Decide(ctx context.Context, reqs []algo.Request, out []algo.De
 // decideOne is the single-request path: one shard, no scratch space.
 func (b *Backend) decideOne(now time.Time, r *algo.Request, out *algo.Decision) {
 	nowUS := now.UnixMicro()
-	sh := &b.shards[b.shardOf(r.Key)]
+	sh := &b.shards[maphash.Bytes(b.seed, r.Key)&b.mask]
 	sh.mu.Lock()
 	e := sh.m[string(r.Key)]
 	var st algo.State
@@ -177,7 +185,7 @@ func (b *Backend) decideOne(now time.Time, r *algo.Request, out *algo.Decision) 
 	}
 	next, d := algo.Step(st, now, r.Limit, r.Hits)
 	if d.Allowed && r.Hits > 0 {
-		sh.store(b, r.Key, e, next, nowUS+d.ResetAfter.Microseconds(), nowUS)
+		sh.store(b, r.Key, e, next, nowUS+d.ResetAfter.Microseconds(), nowUS, nil)
 	}
 	sh.mu.Unlock()
 	*out = d
@@ -189,23 +197,23 @@ func (b *Backend) decideOne(now time.Time, r *algo.Request, out *algo.Decision) 
 func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Decision) {
 	nowUS := now.UnixMicro()
 	var (
-		shardBuf [stackBatch]uint64
-		lockBuf  [stackBatch]uint64
-		origBuf  [stackBatch]algo.State
-		nextBuf  [stackBatch]algo.State
+		hashBuf [stackBatch]uint64
+		lockBuf [stackBatch]uint64
+		origBuf [stackBatch]algo.State
+		nextBuf [stackBatch]algo.State
 	)
-	shardIdx, locks := shardBuf[:0], lockBuf[:0]
+	hashes, locks := hashBuf[:0], lockBuf[:0]
 	orig, next := origBuf[:0], nextBuf[:0]
 	if len(reqs) > stackBatch {
-		shardIdx = make([]uint64, 0, len(reqs))
+		hashes = make([]uint64, 0, len(reqs))
 		locks = make([]uint64, 0, len(reqs))
 		orig = make([]algo.State, 0, len(reqs))
 		next = make([]algo.State, 0, len(reqs))
 	}
 	for i := range reqs {
-		s := b.shardOf(reqs[i].Key)
-		shardIdx = append(shardIdx, s)
-		locks = insertSorted(locks, s)
+		h := maphash.Bytes(b.seed, reqs[i].Key)
+		hashes = append(hashes, h)
+		locks = insertSorted(locks, h&b.mask)
 	}
 	for _, s := range locks {
 		b.shards[s].mu.Lock()
@@ -214,16 +222,16 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 	admit := true
 	for i := range reqs {
 		r := &reqs[i]
-		e := b.shards[shardIdx[i]].m[string(r.Key)]
+		e := b.shards[hashes[i]&b.mask].m[string(r.Key)]
 		var st algo.State
 		if e != nil && e.expires > nowUS {
 			st = e.state
 		}
 		orig = append(orig, st)
 		// A key seen earlier in this batch continues from that request's
-		// tentative state.
+		// tentative state. Hashes first: long keys compare only on a match.
 		for j := i - 1; j >= 0; j-- {
-			if string(reqs[j].Key) == string(r.Key) {
+			if hashes[j] == hashes[i] && string(reqs[j].Key) == string(r.Key) {
 				st = next[j]
 				break
 			}
@@ -243,16 +251,20 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 				continue
 			}
 			// Look the entry up again: an earlier store in this batch may
-			// have created it, or made room by evicting it.
-			sh := &b.shards[shardIdx[i]]
-			sh.store(b, r.Key, sh.m[string(r.Key)], next[i], nowUS+out[i].ResetAfter.Microseconds(), nowUS)
+			// have created it.
+			sh := &b.shards[hashes[i]&b.mask]
+			sh.store(b, r.Key, sh.m[string(r.Key)], next[i], nowUS+out[i].ResetAfter.Microseconds(), nowUS, reqs)
 		}
 	} else {
-		// Nothing is consumed: allowed requests report the untouched state.
+		// Nothing is consumed: every decision reports the state as it
+		// stands, not as earlier requests of this batch would have left it.
+		// Refused requests keep their refusal and retry-after.
 		for i := range reqs {
-			if out[i].Allowed {
-				_, out[i] = algo.Step(orig[i], now, reqs[i].Limit, 0)
+			_, d := algo.Step(orig[i], now, reqs[i].Limit, 0)
+			if !out[i].Allowed {
+				d.Allowed, d.RetryAfter = false, out[i].RetryAfter
 			}
+			out[i] = d
 		}
 	}
 
@@ -262,27 +274,32 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 }
 
 // store saves st under key until expires. e is the key's current entry or
-// nil. The shard must be locked.
-func (sh *shard) store(b *Backend, key []byte, e *entry, st algo.State, expires, nowUS int64) {
+// nil; batch holds the requests being decided, whose keys must not be
+// evicted to make room. The shard must be locked.
+func (sh *shard) store(b *Backend, key []byte, e *entry, st algo.State, expires, nowUS int64, batch []algo.Request) {
 	if e != nil {
 		e.state, e.expires = st, expires
 		return
 	}
 	if len(sh.m) >= b.shardCap {
-		sh.makeRoom(b, nowUS)
+		sh.makeRoom(b, nowUS, batch)
 	}
 	sh.m[string(key)] = &entry{state: st, expires: expires}
 }
 
 // makeRoom frees one slot in a full shard: an expired entry if the sample
-// holds one, else the sampled entry closest to expiry.
-func (sh *shard) makeRoom(b *Backend, nowUS int64) {
+// holds one, else the sampled entry closest to expiry. Keys of batch are
+// passed over; when the sample holds nothing else, nothing is freed.
+func (sh *shard) makeRoom(b *Backend, nowUS int64, batch []algo.Request) {
 	var (
 		victim  string
 		soonest int64
 		seen    int
 	)
 	for k, e := range sh.m { // map iteration starts at a random position
+		if inBatch(batch, k) {
+			continue
+		}
 		if e.expires <= nowUS {
 			delete(sh.m, k)
 			return
@@ -298,6 +315,15 @@ func (sh *shard) makeRoom(b *Backend, nowUS int64) {
 		delete(sh.m, victim)
 		b.evictions.Add(1)
 	}
+}
+
+func inBatch(batch []algo.Request, key string) bool {
+	for i := range batch {
+		if string(batch[i].Key) == key {
+			return true
+		}
+	}
+	return false
 }
 
 // Sweep removes every expired entry now. The backend calls it every
@@ -328,10 +354,6 @@ func (b *Backend) sweepEvery(d time.Duration) {
 			b.Sweep()
 		}
 	}
-}
-
-func (b *Backend) shardOf(key []byte) uint64 {
-	return maphash.Bytes(b.seed, key) & b.mask
 }
 
 // insertSorted inserts v into the ascending slice s unless present.

@@ -144,6 +144,53 @@ func TestSameKeyTwiceInOneBatch(t *testing.T) {
 	}
 }
 
+func TestRefusedBatchReportsTheStoredState(t *testing.T) {
+	b, _ := newTestBackend(t, Options{})
+	// Two requests for one key: 2 + 2 hits do not fit a limit of 3.
+	out := decide(t, b, req("k", 3, 2), req("k", 3, 2))
+	if out[1].Allowed || out[1].RetryAfter <= 0 {
+		t.Fatalf("second request %+v, want refused with a retry-after", out[1])
+	}
+	for i, d := range out {
+		if d.Remaining != 3 || d.ResetAfter != 0 {
+			t.Errorf("request %d reports %+v; nothing was counted, so 3 remain and nothing resets", i, d)
+		}
+	}
+}
+
+func TestBatchNeverEvictsItsOwnKeys(t *testing.T) {
+	b, _ := newTestBackend(t, Options{MaxKeys: 2, Shards: 1})
+	long := req("X", 5, 1)
+	long.Limit.Window = time.Hour
+	decide(t, b, long)
+	// The shard holds X and has room for one more; A and C both need a
+	// slot. Making room for C must not evict A, stored a moment before.
+	out := decide(t, b, req("A", 1, 1), req("C", 1, 1))
+	if !out[0].Allowed || !out[1].Allowed {
+		t.Fatalf("batch %+v, want both admitted", out)
+	}
+	for _, k := range []string{"A", "C"} {
+		if d := decide(t, b, req(k, 1, 1))[0]; d.Allowed {
+			t.Errorf("%s was admitted again: the batch's own count was evicted", k)
+		}
+	}
+	if b.Evictions() != 1 {
+		t.Errorf("Evictions = %d, want 1 (X)", b.Evictions())
+	}
+}
+
+func TestMaxKeysIsAnUpperBound(t *testing.T) {
+	for _, maxKeys := range []int{1, 100, 1000} {
+		b, _ := newTestBackend(t, Options{MaxKeys: maxKeys})
+		for i := range 3 * maxKeys {
+			decide(t, b, req(strconv.Itoa(i), 5, 1))
+		}
+		if n := b.Len(); n > maxKeys || n == 0 {
+			t.Errorf("MaxKeys %d: %d keys tracked", maxKeys, n)
+		}
+	}
+}
+
 func TestLargeBatch(t *testing.T) {
 	b, _ := newTestBackend(t, Options{Shards: 4})
 	var reqs []algo.Request
@@ -347,7 +394,7 @@ func BenchmarkDecide(b *testing.B) {
 }
 
 // BenchmarkFootprint reports the heap each tracked key costs, with keys
-// shaped like real ones (domain, one entry, limit: about 50 bytes).
+// shaped like real ones (domain, one entry, limit: about 40 bytes).
 // Run it once: go test -run='^$' -bench=Footprint -benchtime=1x.
 func BenchmarkFootprint(b *testing.B) {
 	const keys = 200_000
