@@ -317,6 +317,45 @@ func TestReplaces(t *testing.T) {
 	}
 }
 
+func TestUnlimitedRuleReplaces(t *testing.T) {
+	f := newFixture(t, `
+domain: d
+descriptors:
+  - {key: user, rate_limit: {name: per_user, unit: minute, requests_per_unit: 1}}
+  - {key: admin, rate_limit: {unlimited: true, replaces: [{name: per_user}]}}
+`)
+	for i := range 3 {
+		resp := f.call(t, request("d", desc("user", "u1"), desc("admin", "yes")))
+		if resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil || resp.Statuses[1].LimitRemaining != math.MaxUint32 {
+			t.Fatalf("call %d: %v; an unlimited rule replaces like any other", i, resp)
+		}
+	}
+	if st := f.call(t, request("d", desc("user", "u1"))).Statuses[0]; st.Code != ok || st.LimitRemaining != 0 {
+		t.Fatalf("per_user alone: %v, want its first hit", st)
+	}
+}
+
+func TestShadowOverLimitHitsAreNotCounted(t *testing.T) {
+	f := newFixture(t, testRules)
+	shadow := desc("sender", "s2")
+	for range 5 { // 2 within the limit of 2, then 3 over it
+		f.call(t, request("messaging", shadow))
+	}
+	// The key does not depend on N: raising the limit shows the count.
+	raised, err := config.Parse(config.File{Name: "raised.yaml", Data: []byte(`
+domain: messaging
+descriptors:
+  - {key: sender, shadow_mode: true, rate_limit: {unit: minute, requests_per_unit: 10}}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.svc.SetRules(raised)
+	if got := f.remaining(t, shadow); got != 8 {
+		t.Fatalf("remaining %d, want 8: only the 2 admitted hits count", got)
+	}
+}
+
 func TestLimitOverride(t *testing.T) {
 	f := newFixture(t, testRules)
 	override := func(n uint32, unit typev3.RateLimitUnit, kv ...string) *rlv3.RateLimitDescriptor {
@@ -572,8 +611,22 @@ func TestNewRejectsMissingParts(t *testing.T) {
 	}
 }
 
+// benchRules have limits no benchmark reaches, so every call is admitted
+// and stores its count.
+const benchRules = `
+domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: {unit: second, requests_per_unit: 4294967295}
+  - key: to_number
+    rate_limit: {unit: second, requests_per_unit: 4294967295}
+`
+
 func BenchmarkShouldRateLimit(b *testing.B) {
-	rules, err := config.Parse(config.File{Name: "r.yaml", Data: []byte(testRules)})
+	rules, err := config.Parse(config.File{Name: "r.yaml", Data: []byte(benchRules)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -585,13 +638,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		"two_descriptors": request("messaging", desc("message_type", "marketing", "to_number", "2061111111"), desc("to_number", "2061111111")),
 		"no_match":        request("messaging", desc("color", "red")),
 	} {
-		req.HitsAddend = 0
 		b.Run(name, func(b *testing.B) {
-			// Zero hits keep the counters from filling up, so every call
-			// takes the full path.
-			for _, d := range req.Descriptors {
-				d.HitsAddend = wrapperspb.UInt64(0)
-			}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
