@@ -15,9 +15,10 @@ func checkConfig(args []string, lookupEnv func(string) (string, bool), stdout, s
 	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
 	path := fs.String("config", "config", "rule `path`: a YAML rule file, or a directory of rule files")
 	if _, err := parseFlags(fs, args, lookupEnv, stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stderr, "ratelimitd check-config: %v\n", err)
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
 		}
+		fmt.Fprintf(stderr, "ratelimitd check-config: %v\n", err)
 		return exitUsage
 	}
 	rules, err := config.Load(*path)

@@ -52,6 +52,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.logLevel, "log-level", "info", "least important log `level` written: debug, info, warn, error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 15*time.Second, "on SIGTERM, how long in-flight calls may take before connections are closed")
+	fs.IntVar(&c.bounds.MaxDomainLen, "max-domain-bytes", service.DefaultMaxDomainLen, "longest domain a request may name, in bytes")
 	fs.IntVar(&c.bounds.MaxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors one request may carry")
 	fs.IntVar(&c.bounds.MaxEntries, "max-entries", service.DefaultMaxEntries, "most entries one descriptor may carry")
 	fs.IntVar(&c.bounds.MaxKeyLen, "max-key-bytes", service.DefaultMaxKeyLen, "longest descriptor entry key, in bytes")
@@ -98,6 +99,11 @@ func envName(flagName string) string {
 
 // validate checks the values flags cannot check themselves.
 func (c *serveConfig) validate() error {
+	for _, a := range []struct{ name, v string }{{"grpc-addr", c.grpcAddr}, {"http-addr", c.httpAddr}, {"config", c.config}} {
+		if a.v == "" {
+			return fmt.Errorf("invalid %s: it must not be empty", c.source(a.name))
+		}
+	}
 	if c.backend != "memory" {
 		return fmt.Errorf("invalid %s %q; accepted: memory", c.source("backend"), c.backend)
 	}
@@ -115,6 +121,7 @@ func (c *serveConfig) validate() error {
 		v    int
 	}{
 		{"memory-max-keys", c.memoryMaxKeys},
+		{"max-domain-bytes", c.bounds.MaxDomainLen},
 		{"max-descriptors", c.bounds.MaxDescriptors},
 		{"max-entries", c.bounds.MaxEntries},
 		{"max-key-bytes", c.bounds.MaxKeyLen},

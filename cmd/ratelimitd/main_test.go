@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,6 +17,9 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 )
 
 // env is a fake environment for Main.
@@ -83,6 +87,8 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"-max-descriptors", "0"}, `invalid -max-descriptors 0; it must be at least 1`},
 		{nil, []string{"-no-such-flag"}, `flag provided but not defined: -no-such-flag`},
 		{nil, []string{"serve", "extra"}, `unexpected argument "extra"`},
+		{env{"RATELIMITD_GRPC_ADDR": ""}, nil, `invalid RATELIMITD_GRPC_ADDR: it must not be empty`},
+		{nil, []string{"-max-domain-bytes", "0"}, `invalid -max-domain-bytes 0; it must be at least 1`},
 	} {
 		code, _, errOut := runMain(t, c.env, c.args...)
 		if code != exitUsage || !strings.Contains(errOut, c.want) {
@@ -96,6 +102,12 @@ func TestHelpAndVersion(t *testing.T) {
 		code, out, _ := runMain(t, nil, arg)
 		if code != exitOK || !strings.Contains(out, "-grpc-addr address") || !strings.Contains(out, "RATELIMITD_GRPC_ADDR") {
 			t.Errorf("%s: exit %d, %q", arg, code, out)
+		}
+	}
+	for _, args := range [][]string{{"serve", "-h"}, {"check-config", "-h"}} {
+		code, _, errOut := runMain(t, nil, args...)
+		if code != exitOK || !strings.Contains(errOut, "-config") {
+			t.Errorf("%v: exit %d, %q; want the flags and exit 0", args, code, errOut)
 		}
 	}
 	code, out, _ := runMain(t, nil, "version")
@@ -181,4 +193,36 @@ func TestServeInProcess(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop within 30s of its context ending")
 	}
+}
+
+func TestWatchEvictionsWarns(t *testing.T) {
+	b := memory.New(memory.Options{MaxKeys: 1, SweepInterval: -1})
+	defer b.Close()
+	logs := lineWriter{lines: make(chan string, 10)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		watchEvictions(ctx, b, slog.New(slog.NewTextHandler(logs, nil)), time.Millisecond)
+		close(done)
+	}()
+
+	reqs := []algo.Request{{Limit: algo.Limit{Requests: 1, Window: time.Hour}, Hits: 1}}
+	out := make([]algo.Decision, 1)
+	for _, k := range []string{"a", "b"} { // the second evicts the first
+		reqs[0].Key = []byte(k)
+		if err := b.Decide(ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case line := <-logs.lines:
+		if !strings.Contains(line, "raise -memory-max-keys") || !strings.Contains(line, "evicted=1") {
+			t.Fatalf("log line %q", line)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no warning within 30s of an eviction")
+	}
+	cancel()
+	<-done
 }

@@ -18,6 +18,9 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
+// evictionReportInterval is how often serve reports evictions of live keys.
+const evictionReportInterval = 30 * time.Second
+
 // serve runs the servers until ctx is done, then drains them.
 func serve(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
 	var c serveConfig
@@ -25,9 +28,10 @@ func serve(ctx context.Context, args []string, lookupEnv func(string) (string, b
 	fs.Usage = func() { usage(stderr) }
 	var err error
 	if c.fromEnv, err = parseFlags(fs, args, lookupEnv, stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
 		}
+		fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
 		return exitUsage
 	}
 	if err := c.validate(); err != nil {
@@ -52,6 +56,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	backend := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys})
 	defer backend.Close()
 	log.Info("backend ready", "backend", "memory", "max_keys", c.memoryMaxKeys)
+	go watchEvictions(ctx, backend, log, evictionReportInterval)
 
 	svc, err := service.New(backend, rules, service.Options{Logger: log, Bounds: c.bounds})
 	if err != nil {
@@ -116,4 +121,26 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// watchEvictions logs a warning, at most once per interval, when the memory
+// backend has evicted live keys since the last look: each eviction forgot a
+// count, which -memory-max-keys is too small to keep. It returns when ctx is
+// done.
+func watchEvictions(ctx context.Context, b *memory.Backend, log *slog.Logger, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var last uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n := b.Evictions(); n > last {
+				log.Warn("memory backend full: live keys evicted and their counts forgotten; raise -memory-max-keys",
+					"evicted", n-last, "evicted_total", n, "interval", interval)
+				last = n
+			}
+		}
+	}
 }

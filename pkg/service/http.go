@@ -18,8 +18,9 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
-// MaxJSONBody is the largest request body POST /json reads.
-const MaxJSONBody = 1 << 20
+// MaxJSONBody is the largest request body POST /json reads: 4 MiB, gRPC's
+// default limit on a received message.
+const MaxJSONBody = 4 << 20
 
 // HTTPHandler returns the HTTP endpoints:
 //
@@ -143,6 +144,16 @@ func writeRule(w io.Writer, r *config.Rule) {
 	}
 	if len(r.Replaces) > 0 {
 		fmt.Fprintf(w, ", replaces: %s", strings.Join(r.Replaces, " "))
+	}
+	if r.QuotaMode {
+		io.WriteString(w, ", quota_mode: true")
+	}
+	if r.Metadata != nil {
+		md, err := json.Marshal(r.Metadata)
+		if err != nil { // a mapping with non-string keys deeper down
+			md = fmt.Appendf(nil, "%v", r.Metadata)
+		}
+		fmt.Fprintf(w, ", metadata: %s", md)
 	}
 	fmt.Fprintf(w, " (%s:%d)\n", r.File, r.Line)
 }

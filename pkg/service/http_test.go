@@ -72,7 +72,7 @@ func TestJSONEndpointErrors(t *testing.T) {
 		{"malformed JSON", "POST", `{"domain": `, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON"},
 		{"unknown field", "POST", `{"domian": "x"}`, http.StatusBadRequest, `unknown field "domian"`},
 		{"invalid argument", "POST", `{"domain": "messaging"}`, http.StatusBadRequest, "descriptors: none given"},
-		{"too large", "POST", `{"domain": "` + strings.Repeat("x", MaxJSONBody) + `"}`, http.StatusRequestEntityTooLarge, "larger than 1048576 bytes"},
+		{"too large", "POST", `{"domain": "` + strings.Repeat("x", MaxJSONBody) + `"}`, http.StatusRequestEntityTooLarge, "larger than 4194304 bytes"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			code, hdr, got := f.http(t, c.method, "/json", c.body)
@@ -117,6 +117,7 @@ func TestRLConfigEndpoint(t *testing.T) {
 		"messaging.internal: unlimited, shadow_mode: false (rules.yaml:14)\n",
 		"messaging.burst: unit=SECOND requests_per_unit=3, shadow_mode: false, algorithm: fixed_window, unit_multiplier: 10 (rules.yaml:16)\n",
 		"messaging.key_2_value_2.user: unit=SECOND requests_per_unit=10, shadow_mode: false, algorithm: fixed_window, replaces: specific_limit (rules.yaml:33)\n",
+		`messaging.model: unit=MINUTE requests_per_unit=7, shadow_mode: false, algorithm: fixed_window, quota_mode: true, metadata: {"backend":"small"} (rules.yaml:38)` + "\n",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/rlconfig lacks %q\n%s", want, body)

@@ -70,6 +70,10 @@ descriptors:
           replaces: [{name: specific_limit}]
           unit: second
           requests_per_unit: 10
+  - key: model
+    quota_mode: true
+    metadata: {backend: small}
+    rate_limit: {unit: minute, requests_per_unit: 7}
 `
 
 type fixture struct {
