@@ -360,6 +360,18 @@ descriptors:
 	}
 }
 
+// TestQuotaModeLimitsLikeAnyOther pins a documented difference: quota_mode
+// is accepted, not yet acted on.
+func TestQuotaModeLimitsLikeAnyOther(t *testing.T) {
+	f := newFixture(t, testRules)
+	for range 7 {
+		f.call(t, request("messaging", desc("model", "m")))
+	}
+	if resp := f.call(t, request("messaging", desc("model", "m"))); resp.OverallCode != over {
+		t.Fatalf("8th call to a quota_mode rule of 7: %v", resp)
+	}
+}
+
 func TestLimitOverride(t *testing.T) {
 	f := newFixture(t, testRules)
 	override := func(n uint32, unit typev3.RateLimitUnit, kv ...string) *rlv3.RateLimitDescriptor {
