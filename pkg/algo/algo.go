@@ -56,7 +56,9 @@ type Decision struct {
 // State is what an algorithm stores for one key between decisions. The zero
 // value is a key never seen or already expired. The meaning of each field is
 // the algorithm's own (see each [Algorithm]); times are integer microseconds
-// since the Unix epoch.
+// since the Unix epoch. Backends store a State whole and never look inside,
+// so an algorithm that needs more (a previous window's count, a log of
+// timestamps) adds fields here without touching any backend.
 type State struct {
 	Time  int64
 	Count int64
