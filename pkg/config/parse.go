@@ -105,15 +105,7 @@ func (p *parser) parseFile(data []byte) *Domain {
 		case "descriptors":
 			descriptors = f.val
 		case "failure_mode":
-			s, ok := p.str(f.val, "failure_mode")
-			if !ok {
-				break
-			}
-			m, err := ParseFailureMode(s)
-			if err != nil {
-				p.fail(f.val, "failure_mode", "%v", err)
-			}
-			d.FailureMode = m
+			d.FailureMode, _ = keyword(p, f.val, "failure_mode", ParseFailureMode)
 		default:
 			p.unknown(f, "", domainFields)
 		}
@@ -255,17 +247,9 @@ func (p *parser) rateLimit(n *yaml.Node, field string) *Rule {
 			r.RequestsPerUnit, ok = uint32(v), ok && good
 		case "unit":
 			unit = f.val
-			s, good := p.str(f.val, sub)
-			if !good {
-				ok = false
-				break
-			}
-			u, err := ParseUnit(s)
-			if err != nil {
-				p.fail(f.val, sub, "%v", err)
-				ok = false
-			}
-			r.Unit = u
+			var good bool
+			r.Unit, good = keyword(p, f.val, sub, ParseUnit)
+			ok = ok && good
 		case "unit_multiplier":
 			mult = f.val
 			v, good := p.uint(f.val, sub, 1, maxUint32)
@@ -284,17 +268,9 @@ func (p *parser) rateLimit(n *yaml.Node, field string) *Rule {
 			r.Unlimited = p.boolean(f.val, sub)
 		case "algorithm":
 			alg = f.val
-			s, good := p.str(f.val, sub)
-			if !good {
-				ok = false
-				break
-			}
-			a, err := ParseAlgorithm(s)
-			if err != nil {
-				p.fail(f.val, sub, "%v", err)
-				ok = false
-			}
-			r.Algorithm = a
+			var good bool
+			r.Algorithm, good = keyword(p, f.val, sub, ParseAlgorithm)
+			ok = ok && good
 		case "burst":
 			burst = f.val
 			var good bool
@@ -475,6 +451,22 @@ func (p *parser) str(n *yaml.Node, field string) (string, bool) {
 		return "", true
 	}
 	return n.Value, true
+}
+
+// keyword returns scalar n parsed by parse, such as a unit name; a value
+// parse refuses is reported with parse's message.
+func keyword[T any](p *parser, n *yaml.Node, field string, parse func(string) (T, error)) (T, bool) {
+	var v T
+	s, ok := p.str(n, field)
+	if !ok {
+		return v, false
+	}
+	v, err := parse(s)
+	if err != nil {
+		p.fail(n, field, "%v", err)
+		return v, false
+	}
+	return v, true
 }
 
 // boolean returns scalar n as a bool. Besides true and false, the YAML 1.1
