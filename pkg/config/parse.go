@@ -63,6 +63,10 @@ func (p *parser) fail(n *yaml.Node, field, format string, args ...any) {
 	p.errs = append(p.errs, e)
 }
 
+func (p *parser) failEmpty() {
+	p.fail(&yaml.Node{Line: 1, Column: 1}, "", "the file is empty; a rule file holds a domain and its descriptors")
+}
+
 // parseFile returns the file's domain, or nil when the file is not even a
 // YAML mapping. Problems are in p.errs either way.
 func (p *parser) parseFile(data []byte) *Domain {
@@ -70,7 +74,7 @@ func (p *parser) parseFile(data []byte) *Domain {
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			p.fail(&yaml.Node{Line: 1, Column: 1}, "", "the file is empty; a rule file holds a domain and its descriptors")
+			p.failEmpty()
 		} else {
 			p.yamlError(err)
 		}
@@ -87,7 +91,7 @@ func (p *parser) parseFile(data []byte) *Domain {
 	}
 
 	if len(doc.Content) == 0 {
-		p.fail(&yaml.Node{Line: 1, Column: 1}, "", "the file is empty; a rule file holds a domain and its descriptors")
+		p.failEmpty()
 		return nil
 	}
 	root := resolve(doc.Content[0])
