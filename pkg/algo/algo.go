@@ -3,6 +3,7 @@ package algo
 import (
 	"context"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -51,17 +52,35 @@ type Decision struct {
 	// RetryAfter is, when Allowed is false, the time after which the same
 	// hits would be admitted, or [Never]. Zero when Allowed.
 	RetryAfter time.Duration
+	// Wait is, for an allowed LeakyBucket request, how long its hits wait
+	// for the queue ahead of them to drain. Zero for every other algorithm.
+	Wait time.Duration
 }
 
 // State is what an algorithm stores for one key between decisions. The zero
 // value is a key never seen or already expired. The meaning of each field is
 // the algorithm's own (see each [Algorithm]); times are integer microseconds
-// since the Unix epoch. Backends store a State whole and never look inside,
-// so an algorithm that needs more (a previous window's count, a log of
-// timestamps) adds fields here without touching any backend.
+// since the Unix epoch. Backends store a State whole and never look inside.
+//
+// A State returned by [Step] may share Log's backing array with the State it
+// was computed from: Step never changes the entries its input can see, but
+// it may write past their end. A caller that keeps two states computed from
+// one input must copy Log.
 type State struct {
 	Time  int64
 	Count int64
+	// Frac is a fraction of a microsecond added to Time, in units of 1/N µs
+	// (N = Limit.Requests), for the bucket algorithms.
+	Frac int64
+	// Prev is the previous window's count, for SlidingWindowCounter.
+	Prev int64
+	// Log holds timestamps, oldest first, for SlidingWindowLog.
+	Log []int64
+}
+
+// Equal reports whether s and t hold the same state.
+func (s State) Equal(t State) bool {
+	return s.Time == t.Time && s.Count == t.Count && s.Frac == t.Frac && s.Prev == t.Prev && slices.Equal(s.Log, t.Log)
 }
 
 // Backend stores state and applies requests to it atomically.

@@ -1,13 +1,19 @@
 package algo
 
 import (
+	"errors"
 	"fmt"
+	"math/bits"
 	"strings"
 	"time"
 )
 
 // Algorithm selects how a [Limit] admits hits. The zero value is
 // [FixedWindow], the Envoy-compatible default.
+//
+// In the descriptions, N is [Limit.Requests], W is [Limit.Window], r = N/W
+// is the rate and B is the bucket capacity, [Limit.Burst] or N when that is
+// zero.
 type Algorithm uint8
 
 const (
@@ -18,11 +24,87 @@ const (
 	// State: Time is the start of the counted window, Count the hits
 	// admitted in it.
 	FixedWindow Algorithm = iota
+
+	// SlidingWindowLog logs the instant of every admitted hit and admits
+	// while the log holds at most N hits newer than now−W: exactly at most
+	// N hits in any window of length W. Refused hits are not logged, so an
+	// attacker cannot grow the log past N entries nor extend their own
+	// refusal.
+	//
+	// State: Log holds the admitted instants, oldest first, one per hit.
+	SlidingWindowLog
+
+	// SlidingWindowCounter is Cloudflare's approximation of a sliding
+	// window: it counts hits in epoch-aligned windows like FixedWindow and
+	// admits while floor(prev × (W−elapsed)/W) + curr stays within N, where
+	// prev is the previous window's count, curr the current window's and
+	// elapsed the time since the current window began. It assumes the
+	// previous window's hits were spread evenly; hits bunched at the end of
+	// one window and the end of the next can still reach nearly 2N within
+	// one window's length (see docs/algorithms.md for measured figures).
+	//
+	// State: Time is the start of the current window, Count its hits, Prev
+	// the previous window's hits.
+	SlidingWindowCounter
+
+	// TokenBucket holds up to B tokens, refilled lazily at r, and admits
+	// hits while it holds as many tokens. Any interval of length t admits
+	// at most B + r·t hits. Refill is exact: the instant of the last refill
+	// keeps the fraction of a token already earned.
+	//
+	// State: Count is the whole tokens held after the last refill (Time ==
+	// 0 means a full bucket never used), Time and Frac are the last refill
+	// instant: Time µs plus Frac/N µs.
+	TokenBucket
+
+	// LeakyBucket is a queue of capacity B that drains at r. Hits join the
+	// queue when they fit; [Decision.Wait] says how long an admitted hit
+	// waits for the queue ahead of it to drain. It admits exactly what
+	// TokenBucket admits (a full queue is an empty bucket); it differs in
+	// what it reports.
+	//
+	// State: Count is the queue level after the last leak, Time and Frac
+	// the instant of the last leak, as for TokenBucket.
+	LeakyBucket
+
+	// GCRA is the generic cell rate algorithm: one theoretical arrival time
+	// (TAT) per key. Hits admitted push the TAT forward by their emission
+	// time, 1/r each; a request is admitted when its TAT would be at most
+	// B/r ahead of now. The same bound as TokenBucket, from one value.
+	//
+	// State: the TAT is Time µs plus Frac/N µs.
+	GCRA
+
+	// BurstFill grants all N hits at once and starts the window of length W
+	// at the first hit after the previous window ended (seed 001's
+	// "refill all tokens at once"): at most N hits per window, windows not
+	// aligned to the epoch. When the window is spent, RetryAfter is the
+	// time until the next refill.
+	//
+	// State: Time is the start of the current window, Count the hits
+	// admitted in it.
+	BurstFill
+)
+
+// Bounds of the exact arithmetic. Integer microseconds and counts stay
+// below 2^53 in every computation, so Lua (whose numbers are float64) and Go
+// compute the same results exactly.
+const (
+	// MaxBucket bounds Requests and Burst of TokenBucket, LeakyBucket and
+	// GCRA: times are kept to a fraction of 1/N µs, and products of counts
+	// with those fractions must stay below 2^53.
+	MaxBucket = 1 << 26
+	// MaxLog bounds Requests of SlidingWindowLog, which stores one instant
+	// per admitted hit.
+	MaxLog = 10_000
+	// MaxRefill bounds the time a bucket takes to refill from empty,
+	// Burst × Window / Requests, and the longest window.
+	MaxRefill = 100 * 365 * 24 * time.Hour
 )
 
 // Algorithms returns every algorithm, in a stable order.
 func Algorithms() []Algorithm {
-	return []Algorithm{FixedWindow}
+	return []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, GCRA, BurstFill}
 }
 
 // String returns the rule-file name of a, such as "fixed_window".
@@ -30,6 +112,18 @@ func (a Algorithm) String() string {
 	switch a {
 	case FixedWindow:
 		return "fixed_window"
+	case SlidingWindowLog:
+		return "sliding_window_log"
+	case SlidingWindowCounter:
+		return "sliding_window_counter"
+	case TokenBucket:
+		return "token_bucket"
+	case LeakyBucket:
+		return "leaky_bucket"
+	case GCRA:
+		return "gcra"
+	case BurstFill:
+		return "burst_fill"
 	default:
 		return fmt.Sprintf("algorithm(%d)", uint8(a))
 	}
@@ -49,26 +143,50 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	return 0, fmt.Errorf("unknown algorithm %q; accepted: %s", s, strings.Join(names, ", "))
 }
 
-// UsesBurst reports whether a takes a bucket capacity, [Limit.Burst]. The
-// window algorithms, FixedWindow among them, do not.
+// UsesBurst reports whether a takes a bucket capacity, [Limit.Burst]: the
+// bucket algorithms TokenBucket, LeakyBucket and GCRA do.
 func (a Algorithm) UsesBurst() bool {
+	switch a {
+	case TokenBucket, LeakyBucket, GCRA:
+		return true
+	}
 	return false
 }
 
-// Step applies hits to state s at time now under limit l and returns the
-// new state and the decision. It is a pure function: when the decision is
-// not allowed the returned state equals s, and a backend that does not
-// store the returned state (because the batch was refused) loses nothing.
-// Hits of zero are always allowed and report the state as it stands.
-func Step(s State, now time.Time, l Limit, hits uint64) (State, Decision) {
-	switch l.Algorithm {
-	case FixedWindow:
-		return fixedWindow(s, now.UnixMicro(), l, hits)
-	default:
-		// Unreachable for limits built from validated rules; refusing is
-		// the safe answer for a limit nobody can evaluate.
-		return s, Decision{RetryAfter: Never}
+// Check reports whether l is within the bounds its algorithm computes
+// exactly. [Step] refuses every hit of a limit that fails Check; rule
+// validation keeps such limits out of the rules.
+func (l Limit) Check() error {
+	if l.Window > MaxRefill {
+		return fmt.Errorf("window %v is longer than %v", l.Window, MaxRefill)
 	}
+	switch l.Algorithm {
+	case FixedWindow, SlidingWindowCounter, BurstFill:
+		return nil
+	case SlidingWindowLog:
+		if l.Requests > MaxLog {
+			return fmt.Errorf("sliding_window_log keeps one entry per admitted hit; requests %d is above %d", l.Requests, MaxLog)
+		}
+		return nil
+	case TokenBucket, LeakyBucket, GCRA:
+		b := l.capacity()
+		if l.Requests > MaxBucket || b > MaxBucket {
+			return fmt.Errorf("%s requests %d and burst %d must be at most %d", l.Algorithm, l.Requests, b, MaxBucket)
+		}
+		if hi, lo := bits.Mul64(b, uint64(windowMicros(l))); l.Requests > 0 && (hi != 0 || lo/l.Requests > uint64(MaxRefill.Microseconds())) {
+			return fmt.Errorf("%s takes longer than %v to refill a burst of %d at %d per %v", l.Algorithm, MaxRefill, b, l.Requests, l.Window)
+		}
+		return nil
+	}
+	return errors.New("unknown algorithm")
+}
+
+// capacity returns B: Burst, or Requests when Burst is zero.
+func (l Limit) capacity() uint64 {
+	if l.Burst == 0 {
+		return l.Requests
+	}
+	return l.Burst
 }
 
 // windowMicros returns l's window in microseconds, at least one.

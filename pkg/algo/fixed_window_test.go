@@ -24,7 +24,7 @@ func runSteps(t *testing.T, l Limit, steps []step) {
 		if got != st.want {
 			t.Fatalf("step %d (at %v, hits %d): got %+v, want %+v", i, st.at, st.hits, got, st.want)
 		}
-		if !got.Allowed && next != s {
+		if !got.Allowed && !next.Equal(s) {
 			t.Fatalf("step %d: refused decision changed the state from %+v to %+v", i, s, next)
 		}
 		s = next
@@ -147,7 +147,7 @@ func TestAlgorithmNames(t *testing.T) {
 		t.Error("ParseAlgorithm accepted a wrongly cased name")
 	}
 	_, err := ParseAlgorithm("leaky")
-	if want := `unknown algorithm "leaky"; accepted: fixed_window`; err == nil || err.Error() != want {
+	if want := `unknown algorithm "leaky"; accepted: fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, gcra, burst_fill`; err == nil || err.Error() != want {
 		t.Errorf("ParseAlgorithm(leaky) error = %v, want %q", err, want)
 	}
 }
@@ -155,7 +155,7 @@ func TestAlgorithmNames(t *testing.T) {
 func TestStepUnknownAlgorithmRefuses(t *testing.T) {
 	s := State{Time: 1, Count: 1}
 	next, d := Step(s, epoch, Limit{Algorithm: 200, Requests: 10, Window: time.Second}, 1)
-	if d.Allowed || d.RetryAfter != Never || next != s {
+	if d.Allowed || d.RetryAfter != Never || !next.Equal(s) {
 		t.Errorf("unknown algorithm: got %+v and state %+v, want a refusal leaving the state alone", d, next)
 	}
 }
