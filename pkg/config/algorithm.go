@@ -10,15 +10,21 @@ import (
 // one to its implementation. The zero value is FixedWindow, the default.
 type Algorithm uint8
 
-// Algorithms, as rule files name them.
+// Algorithms, as rule files name them, in the order of algo.Algorithms.
 const (
-	FixedWindow Algorithm = iota // "fixed_window"
+	FixedWindow          Algorithm = iota // "fixed_window"
+	SlidingWindowLog                      // "sliding_window_log"
+	SlidingWindowCounter                  // "sliding_window_counter"
+	TokenBucket                           // "token_bucket"
+	LeakyBucket                           // "leaky_bucket"
+	GCRA                                  // "gcra"
+	BurstFill                             // "burst_fill"
 )
 
 // Algorithms returns every algorithm a rule file may name, in a stable
 // order.
 func Algorithms() []Algorithm {
-	return []Algorithm{FixedWindow}
+	return []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, GCRA, BurstFill}
 }
 
 // String returns the algorithm's rule-file name.
@@ -26,13 +32,30 @@ func (a Algorithm) String() string {
 	switch a {
 	case FixedWindow:
 		return "fixed_window"
+	case SlidingWindowLog:
+		return "sliding_window_log"
+	case SlidingWindowCounter:
+		return "sliding_window_counter"
+	case TokenBucket:
+		return "token_bucket"
+	case LeakyBucket:
+		return "leaky_bucket"
+	case GCRA:
+		return "gcra"
+	case BurstFill:
+		return "burst_fill"
 	}
 	return fmt.Sprintf("algorithm(%d)", uint8(a))
 }
 
 // UsesBurst reports whether the algorithm takes rate_limit.burst, a bucket
-// capacity. The window algorithms, fixed_window among them, do not.
+// capacity: the bucket algorithms token_bucket, leaky_bucket and gcra do,
+// the window algorithms do not.
 func (a Algorithm) UsesBurst() bool {
+	switch a {
+	case TokenBucket, LeakyBucket, GCRA:
+		return true
+	}
 	return false
 }
 

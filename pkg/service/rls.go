@@ -219,6 +219,18 @@ func algorithm(a config.Algorithm) algo.Algorithm {
 	switch a {
 	case config.FixedWindow:
 		return algo.FixedWindow
+	case config.SlidingWindowLog:
+		return algo.SlidingWindowLog
+	case config.SlidingWindowCounter:
+		return algo.SlidingWindowCounter
+	case config.TokenBucket:
+		return algo.TokenBucket
+	case config.LeakyBucket:
+		return algo.LeakyBucket
+	case config.GCRA:
+		return algo.GCRA
+	case config.BurstFill:
+		return algo.BurstFill
 	}
 	return math.MaxUint8 // no such algorithm: algo.Step refuses
 }
