@@ -36,7 +36,7 @@ const (
 
 	// SlidingWindowCounter is Cloudflare's approximation of a sliding
 	// window: it counts hits in epoch-aligned windows like FixedWindow and
-	// admits while floor(prev × (W−elapsed)/W) + curr stays within N, where
+	// admits while ceil(prev × (W−elapsed)/W) + curr stays within N, where
 	// prev is the previous window's count, curr the current window's and
 	// elapsed the time since the current window began. It assumes the
 	// previous window's hits were spread evenly; hits bunched at the end of

@@ -4,19 +4,19 @@ package algo
 //
 // A clock that steps back finds the last refill in its future: the bucket
 // then earns nothing until the clock passes it again, unless the refill
-// lies further ahead than a whole bucket takes to refill, when the state is
-// void, as if the bucket had refilled.
+// lies more than a window ahead, when the state is void, as if the bucket
+// had refilled.
 func tokenBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	if l.Requests == 0 {
 		return refuseAll(s, hits)
 	}
-	r, b, at := newRate(l), int64(l.capacity()), inst{now, 0}
+	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
 	tokens, last := b, at
 	if s.Time != 0 {
 		tokens, last = min(s.Count, b), inst{s.Time, s.Frac}
 		switch {
 		case last.cmp(at) > 0:
-			if r.sub(last, at).cmp(r.cost(b)) > 0 {
+			if r.sub(last, at).cmp(inst{w, 0}) > 0 {
 				tokens, last = b, at
 			}
 		case tokens < b:
@@ -56,19 +56,19 @@ func tokenBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 // leakyBucket is the step of [LeakyBucket]. now is in microseconds.
 //
 // A clock that steps back finds the last leak in its future: the queue then
-// does not drain until the clock passes it again, unless the leak lies
-// further ahead than a full queue takes to drain, when the state is void.
+// does not drain until the clock passes it again, unless the leak lies more
+// than a window ahead, when the state is void.
 func leakyBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	if l.Requests == 0 {
 		return refuseAll(s, hits)
 	}
-	r, b, at := newRate(l), int64(l.capacity()), inst{now, 0}
+	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
 	level, last := s.Count, inst{s.Time, s.Frac}
 	switch {
 	case level <= 0:
 		level, last = 0, at
 	case last.cmp(at) > 0:
-		if r.sub(last, at).cmp(r.cost(b)) > 0 {
+		if r.sub(last, at).cmp(inst{w, 0}) > 0 {
 			level, last = 0, at
 		}
 	default:
@@ -106,16 +106,17 @@ func leakyBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 // gcra is the step of [GCRA]. now is in microseconds.
 //
 // A clock that steps back finds the theoretical arrival time further
-// ahead, which counts as hits spent, up to a full burst; a TAT further
-// ahead than a full burst can be is void.
+// ahead, which counts as hits spent: the key is refused for up to the step.
+// A TAT more than a window further ahead than a full burst can put it is
+// void.
 func gcra(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	if l.Requests == 0 {
 		return refuseAll(s, hits)
 	}
-	r, b, at := newRate(l), int64(l.capacity()), inst{now, 0}
+	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
 	limit := r.cost(b) // the furthest the TAT may be ahead of now
 	tat := inst{s.Time, s.Frac}
-	if tat.cmp(at) < 0 || r.sub(tat, at).cmp(limit) > 0 {
+	if tat.cmp(at) < 0 || r.sub(tat, at).cmp(inst{limit.us + w, limit.f}) > 0 {
 		tat = at
 	}
 	ahead := r.sub(tat, at)

@@ -34,6 +34,9 @@ func fixedWindow(s State, now int64, l Limit, hits uint64) (State, Decision) {
 		if used > 0 {
 			d.ResetAfter = micros(end - now)
 		}
+		if hits == 0 {
+			return s, d
+		}
 		return State{Time: start, Count: int64(used)}, d
 	}
 

@@ -152,13 +152,15 @@ func slidingWindowCounter(s State, now int64, l Limit, hits uint64) (State, Deci
 		Decision{Allowed: true, Remaining: remaining - hits, ResetAfter: micros(reset(curr))}
 }
 
-// weighted returns floor(prev × (w−elapsed) / w), the previous window's
-// count weighted by the part of it the sliding window still covers.
+// weighted returns ceil(prev × (w−elapsed) / w), the previous window's
+// count weighted by the part of it the sliding window still covers. Rounding
+// up admits no more than the sliding window would if the previous window's
+// hits had been spread evenly.
 func weighted(prev, elapsed, w int64) int64 {
 	if prev == 0 {
 		return 0
 	}
-	return int64(math.Floor(float64(prev) * float64(w-elapsed) / float64(w)))
+	return int64(math.Ceil(float64(prev) * float64(w-elapsed) / float64(w)))
 }
 
 // fitWeight returns the least elapsed time e in [from, w] at which
@@ -168,8 +170,9 @@ func fitWeight(prev, room, from, w int64) int64 {
 	if weighted(prev, from, w) <= room {
 		return from
 	}
-	// weighted ≤ room once prev×(w−e)/w < room+1: e > w − (room+1)×w/prev.
-	e := int64(math.Floor(float64(w)-float64(room+1)*float64(w)/float64(prev))) + 1
+	// weighted ≤ room once prev×(w−e)/w ≤ room: e ≥ w − room×w/prev. The
+	// estimate is exact but for rounding, which the loops below correct.
+	e := int64(math.Ceil(float64(w) - float64(room)*float64(w)/float64(prev)))
 	e = min(max(e, from+1), w)
 	for e > from+1 && weighted(prev, e-1, w) <= room {
 		e--

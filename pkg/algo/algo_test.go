@@ -1,0 +1,79 @@
+package algo
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// epoch is an arbitrary instant on a whole minute, so aligned windows of a
+// second or a minute start exactly there.
+var epoch = time.Unix(1_700_000_040, 0)
+
+// TestFixedWindowNeverExceedsLimit drives random sequences and checks the
+// algorithm's guarantee: at most N hits admitted per aligned window, and a
+// decision's Remaining always equals N minus what the window has admitted.
+func TestFixedWindowNeverExceedsLimit(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for run := range 200 {
+		l := Limit{Requests: rng.Uint64N(20), Window: time.Duration(1+rng.IntN(5)) * time.Second}
+		var s State
+		admitted := map[int64]uint64{} // window start (µs) -> hits admitted
+		at := epoch
+		for range 300 {
+			at = at.Add(time.Duration(rng.Int64N(int64(l.Window / 3))))
+			hits := rng.Uint64N(4)
+			next, d := Step(s, at, l, hits)
+			w := at.UnixMicro() - at.UnixMicro()%l.Window.Microseconds()
+			if d.Allowed {
+				admitted[w] += hits
+			}
+			if admitted[w] > l.Requests {
+				t.Fatalf("run %d: window %d admitted %d > limit %d", run, w, admitted[w], l.Requests)
+			}
+			if want := l.Requests - admitted[w]; d.Remaining != want {
+				t.Fatalf("run %d at %v: remaining %d, want %d", run, at, d.Remaining, want)
+			}
+			s = next
+		}
+	}
+}
+
+func TestAlgorithmNames(t *testing.T) {
+	for _, a := range Algorithms() {
+		got, err := ParseAlgorithm(a.String())
+		if err != nil || got != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v; want %v", a.String(), got, err, a)
+		}
+	}
+	if _, err := ParseAlgorithm("Fixed_Window"); err == nil {
+		t.Error("ParseAlgorithm accepted a wrongly cased name")
+	}
+	_, err := ParseAlgorithm("leaky")
+	if want := `unknown algorithm "leaky"; accepted: fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, gcra, burst_fill`; err == nil || err.Error() != want {
+		t.Errorf("ParseAlgorithm(leaky) error = %v, want %q", err, want)
+	}
+}
+
+func TestStepUnknownAlgorithmRefuses(t *testing.T) {
+	s := State{Time: 1, Count: 1}
+	next, d := Step(s, epoch, Limit{Algorithm: 200, Requests: 10, Window: time.Second}, 1)
+	if d.Allowed || d.RetryAfter != Never || !next.Equal(s) {
+		t.Errorf("unknown algorithm: got %+v and state %+v, want a refusal leaving the state alone", d, next)
+	}
+}
+
+func BenchmarkStep(b *testing.B) {
+	for _, a := range Algorithms() {
+		b.Run(a.String(), func(b *testing.B) {
+			l := Limit{Algorithm: a, Requests: 1 << 40, Window: time.Second}
+			var s State
+			now := epoch
+			b.ReportAllocs()
+			for b.Loop() {
+				now = now.Add(time.Microsecond)
+				s, _ = Step(s, now, l, 1)
+			}
+		})
+	}
+}

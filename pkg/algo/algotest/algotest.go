@@ -1,0 +1,131 @@
+// Package algotest is the conformance suite of the rate-limit algorithms:
+// hand-computed vectors, sequences of {at, hits, want}, that every
+// implementation of an [algo.Algorithm] must reproduce exactly. The same
+// vectors run against the Go step functions ([algo.Step]), the in-memory
+// backend and the Lua scripts in a real Redis, which is what makes the
+// implementations twins rather than look-alikes.
+//
+// Use it like testing/slogtest: wrap the implementation in a [Subject] and
+// call [Run] from a test.
+package algotest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+)
+
+// Epoch is the instant the vectors count from. It falls on a whole minute,
+// so epoch-aligned windows of a second or a minute start exactly there.
+var Epoch = time.Unix(1_700_000_040, 0)
+
+// Subject decides a batch of requests at an instant the suite chooses. Its
+// Decide has the semantics of [algo.Backend.Decide], with the clock given.
+type Subject interface {
+	Decide(ctx context.Context, now time.Time, reqs []algo.Request, out []algo.Decision) error
+}
+
+// Step is one request of a vector: Hits at Epoch+At, and the decision it
+// must get.
+type Step struct {
+	At   time.Duration
+	Hits uint64
+	Want algo.Decision
+}
+
+// Case is one vector: a limit and the steps applied to one fresh key.
+type Case struct {
+	Name  string
+	Limit algo.Limit
+	Steps []Step
+}
+
+// Run runs every case of [Cases] against a fresh subject from newSubject,
+// each case on its own key, one request at a time.
+func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
+	t.Helper()
+	for _, c := range Cases() {
+		t.Run(c.Limit.Algorithm.String()+"/"+c.Name, func(t *testing.T) {
+			s := newSubject(t)
+			key := []byte(fmt.Sprintf("algotest|%s|%s", c.Limit.Algorithm, c.Name))
+			reqs := []algo.Request{{Key: key, Limit: c.Limit}}
+			out := make([]algo.Decision, 1)
+			for i, st := range c.Steps {
+				reqs[0].Hits = st.Hits
+				if err := s.Decide(context.Background(), Epoch.Add(st.At), reqs, out); err != nil {
+					t.Fatalf("step %d (at %v, hits %d): %v", i, st.At, st.Hits, err)
+				}
+				if out[0] != st.Want {
+					t.Fatalf("step %d (at %v, hits %d):\n got %s\nwant %s", i, st.At, st.Hits, Format(out[0]), Format(st.Want))
+				}
+			}
+		})
+	}
+}
+
+// RunBatches runs every case of [BatchCases] against a fresh subject from
+// newSubject: the batch contract of [algo.Backend], which backends keep
+// and step functions alone do not.
+func RunBatches(t *testing.T, newSubject func(t *testing.T) Subject) {
+	t.Helper()
+	for _, c := range BatchCases() {
+		t.Run("batch/"+c.Name, func(t *testing.T) {
+			s := newSubject(t)
+			reqs := make([]algo.Request, len(c.Requests))
+			for i, r := range c.Requests {
+				reqs[i] = algo.Request{Key: []byte("algotest|batch|" + c.Name + "|" + r.Key), Limit: r.Limit, Shadow: r.Shadow}
+			}
+			for i, st := range c.Steps {
+				for j := range reqs {
+					reqs[j].Hits = st.Hits[j]
+				}
+				out := make([]algo.Decision, len(reqs))
+				if err := s.Decide(context.Background(), Epoch.Add(st.At), reqs, out); err != nil {
+					t.Fatalf("step %d (at %v): %v", i, st.At, err)
+				}
+				for j := range reqs {
+					if out[j] != st.Want[j] {
+						t.Fatalf("step %d (at %v), request %d (key %s, hits %d):\n got %s\nwant %s",
+							i, st.At, j, c.Requests[j].Key, st.Hits[j], Format(out[j]), Format(st.Want[j]))
+					}
+				}
+			}
+		})
+	}
+}
+
+// Format prints a decision compactly, for failure messages.
+func Format(d algo.Decision) string {
+	retry := d.RetryAfter.String()
+	if d.RetryAfter == algo.Never {
+		retry = "never"
+	}
+	return fmt.Sprintf("{allowed %v, remaining %d, reset %v, retry %s, wait %v}", d.Allowed, d.Remaining, d.ResetAfter, retry, d.Wait)
+}
+
+// BatchCase is a vector of batches: several requests decided together, as
+// one atomic [algo.Backend.Decide].
+type BatchCase struct {
+	Name     string
+	Requests []BatchRequest
+	Steps    []BatchStep
+}
+
+// BatchRequest is one request of every batch of a [BatchCase]. Requests
+// with the same Key share state.
+type BatchRequest struct {
+	Key    string
+	Limit  algo.Limit
+	Shadow bool
+}
+
+// BatchStep is one batch: Hits[i] for request i at Epoch+At, and the
+// decisions wanted.
+type BatchStep struct {
+	At   time.Duration
+	Hits []uint64
+	Want []algo.Decision
+}
