@@ -505,3 +505,90 @@ func TestAliasBombs(t *testing.T) {
 		}
 	}
 }
+
+func TestAlgorithmsAndBounds(t *testing.T) {
+	// Each rule sits right at a bound, or is a case the bounds must let
+	// through: every one loads.
+	r := parse(t, `
+domain: algorithms
+descriptors:
+  - {key: log, rate_limit: {algorithm: sliding_window_log, requests_per_unit: 10000, unit: hour}}
+  - {key: counter, rate_limit: {algorithm: sliding_window_counter, requests_per_unit: 4294967295, unit: second}}
+  - {key: token, rate_limit: {algorithm: token_bucket, requests_per_unit: 67108864, unit: second, burst: 67108864}}
+  - {key: leaky, rate_limit: {algorithm: leaky_bucket, requests_per_unit: 10, unit: second}}
+  - {key: gcra, rate_limit: {algorithm: gcra, requests_per_unit: 1, unit: year, burst: 100}}
+  - {key: fill, rate_limit: {algorithm: burst_fill, requests_per_unit: 4294967295, unit: year, unit_multiplier: 100}}
+  - {key: zero, rate_limit: {algorithm: token_bucket, requests_per_unit: 0, unit: second, burst: 67108864}}
+`).Domain("algorithms")
+	want := map[string]Limit{
+		"algorithms.log":     {RequestsPerUnit: 10000, Unit: Hour, UnitMultiplier: 1, Window: time.Hour, Algorithm: SlidingWindowLog},
+		"algorithms.counter": {RequestsPerUnit: maxUint32, Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: SlidingWindowCounter},
+		"algorithms.token":   {RequestsPerUnit: MaxBucket, Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: TokenBucket, Burst: MaxBucket},
+		"algorithms.leaky":   {RequestsPerUnit: 10, Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: LeakyBucket},
+		"algorithms.gcra":    {RequestsPerUnit: 1, Unit: Year, UnitMultiplier: 1, Window: 365 * 24 * time.Hour, Algorithm: GCRA, Burst: 100},
+		"algorithms.fill":    {RequestsPerUnit: maxUint32, Unit: Year, UnitMultiplier: 100, Window: MaxWindow, Algorithm: BurstFill},
+		"algorithms.zero":    {Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: TokenBucket, Burst: MaxBucket},
+	}
+	rules := r.Rules()
+	if len(rules) != len(want) {
+		t.Fatalf("%d rules, want %d", len(rules), len(want))
+	}
+	for _, rule := range rules {
+		if len(rule.Limits) != 1 || rule.Limits[0] != want[rule.ID] {
+			t.Errorf("%s: limits %+v, want [%+v]", rule.ID, rule.Limits, want[rule.ID])
+			continue
+		}
+		l := rule.Limits[0]
+		if rule.RequestsPerUnit != l.RequestsPerUnit || rule.Window != l.Window || rule.Algorithm != l.Algorithm || rule.Burst != l.Burst {
+			t.Errorf("%s: the rule's own fields %+v differ from its only limit", rule.ID, rule)
+		}
+	}
+	if got := want["algorithms.gcra"].Capacity(); got != 100 {
+		t.Errorf("capacity with burst: %d", got)
+	}
+	if got := want["algorithms.leaky"].Capacity(); got != 10 {
+		t.Errorf("capacity without burst: %d, want requests_per_unit", got)
+	}
+}
+
+func TestRateLimits(t *testing.T) {
+	d := parse(t, `
+domain: api
+descriptors:
+  - key: user
+    shadow_mode: true
+    rate_limits:
+      - {name: per_second, requests_per_unit: 10, unit: second}
+      - {requests_per_unit: 1000, unit: hour}
+      - {name: smooth, requests_per_unit: 1000, unit: hour, algorithm: token_bucket, burst: 50}
+  - key: single
+    rate_limit: {name: one, requests_per_unit: 5, unit: minute}
+  - key: admin
+    rate_limit: {unlimited: true, replaces: [{name: smooth}]}
+`).Domain("api")
+	user := d.Match(&entries{{"user", "u1"}})
+	want := []Limit{
+		{Name: "per_second", RequestsPerUnit: 10, Unit: Second, UnitMultiplier: 1, Window: time.Second},
+		{RequestsPerUnit: 1000, Unit: Hour, UnitMultiplier: 1, Window: time.Hour},
+		{Name: "smooth", RequestsPerUnit: 1000, Unit: Hour, UnitMultiplier: 1, Window: time.Hour, Algorithm: TokenBucket, Burst: 50},
+	}
+	if user == nil || !reflect.DeepEqual(user.Limits, want) {
+		t.Fatalf("limits %+v, want %+v", user, want)
+	}
+	if user.Name != "per_second" || user.RequestsPerUnit != 10 || user.Unit != Second || user.Window != time.Second || !user.ShadowMode || user.Unlimited {
+		t.Errorf("the rule's own fields are not its first limit's: %+v", user)
+	}
+	for name, has := range map[string]bool{"per_second": true, "smooth": true, "one": false, "": false} {
+		if user.HasName(name) != has {
+			t.Errorf("HasName(%q) = %v, want %v", name, !has, has)
+		}
+	}
+	single := d.Match(&entries{{"single", "s"}})
+	if len(single.Limits) != 1 || single.Limits[0].Name != "one" || !single.HasName("one") {
+		t.Errorf("single rule: %+v", single)
+	}
+	admin := d.Match(&entries{{"admin", "a"}})
+	if admin.Limits != nil || !reflect.DeepEqual(admin.Replaces, []string{"smooth"}) {
+		t.Errorf("unlimited rule: %+v", admin)
+	}
+}

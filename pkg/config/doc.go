@@ -5,7 +5,12 @@
 // an optional value (exact, or a wildcard ending in "*") and an optional
 // rate_limit. Every field of that format is accepted, so its rule files load
 // unchanged, plus ratelimitd's extensions: rate_limit.algorithm,
-// rate_limit.burst and a file-level failure_mode.
+// rate_limit.burst, a descriptor's rate_limits (several limits decided
+// together, each a rate_limit block without replaces and unlimited; see
+// [Rule.Limits]) and a file-level failure_mode. Limits are validated
+// against the bounds within which package algo computes exactly
+// ([MaxLog], [MaxBucket], [MaxRefill]), so every rule that loads is one the
+// algorithms decide.
 //
 // Validation is strict and complete: [Load] and [Parse] report every problem
 // at once, each as an [*Error] naming the file, line, column and field and

@@ -38,8 +38,24 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("accepted domain name %q", d.Name)
 			}
 			for _, r := range d.Rules() {
-				if !r.Unlimited && (r.Window <= 0 || r.Window > MaxWindow) {
-					t.Fatalf("accepted rule %s with window %v", r.ID, r.Window)
+				if r.Unlimited {
+					if r.Limits != nil {
+						t.Fatalf("unlimited rule %s has limits %+v", r.ID, r.Limits)
+					}
+					continue
+				}
+				if len(r.Limits) == 0 || r.Limits[0].Window != r.Window || r.Limits[0].RequestsPerUnit != r.RequestsPerUnit {
+					t.Fatalf("rule %s: limits %+v do not start with the rule's own", r.ID, r.Limits)
+				}
+				for _, l := range r.Limits {
+					if l.Window <= 0 || l.Window > MaxWindow {
+						t.Fatalf("accepted rule %s with window %v", r.ID, l.Window)
+					}
+					if l.Algorithm == SlidingWindowLog && l.RequestsPerUnit > MaxLog ||
+						l.Algorithm.UsesBurst() && (l.RequestsPerUnit > MaxBucket || l.Capacity() > MaxBucket || l.Capacity() == 0 && l.RequestsPerUnit > 0) ||
+						!l.Algorithm.UsesBurst() && l.Burst != 0 {
+						t.Fatalf("accepted rule %s with limit %+v, out of its algorithm's bounds", r.ID, l)
+					}
 				}
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +20,16 @@ const (
 	MaxDomainLen = 255
 	// MaxWindow is the longest window unit × unit_multiplier may make.
 	MaxWindow = 100 * 365 * 24 * time.Hour
+	// MaxBucket bounds requests_per_unit and burst of the bucket
+	// algorithms (token_bucket, leaky_bucket, gcra), MaxRefill the time
+	// their bucket takes to refill from empty (burst × window /
+	// requests_per_unit), and MaxLog requests_per_unit of
+	// sliding_window_log, which keeps one timestamp per admitted hit.
+	// They mirror package algo's bounds of exact arithmetic, so every
+	// limit a rule file states is one algo computes.
+	MaxBucket = 1 << 26
+	MaxRefill = MaxWindow
+	MaxLog    = 10_000
 	maxUint32 = 1<<32 - 1
 	// maxNodes bounds the YAML nodes walked in one file, every use of an
 	// alias counting its nodes again: far above any real rule file, far
@@ -29,10 +40,11 @@ const (
 // The fields each mapping accepts, as error messages list them.
 const (
 	domainFields     = "domain, descriptors, failure_mode"
-	descriptorFields = "key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
+	descriptorFields = "key, value, rate_limit, rate_limits, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
 		"share_threshold, quota_mode, metadata"
-	rateLimitFields = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst"
-	replacesFields  = "name"
+	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst"
+	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst"
+	replacesFields   = "name"
 )
 
 // parser walks the YAML tree of one file, building its domain and recording
@@ -41,7 +53,7 @@ type parser struct {
 	file       string
 	errs       []*Error
 	domainNode *yaml.Node
-	names      map[string]bool // every rate_limit.name, valid rule or not
+	names      map[string]bool // every limit's name, valid rule or not
 	refs       []replacesRef
 	nodes      int // nodes walked so far
 }
@@ -128,7 +140,7 @@ func (p *parser) parseFile(data []byte) *Domain {
 		if ref.name == ref.owner {
 			p.fail(ref.node, ref.field, "rule %q replaces itself; replaces names other rules", ref.name)
 		} else if !p.names[ref.name] {
-			p.fail(ref.node, ref.field, "no rule in domain %q is named %q; replaces takes the rate_limit.name of another rule", d.Name, ref.name)
+			p.fail(ref.node, ref.field, "no rule in domain %q is named %q; replaces takes the name of another rule, its rate_limit.name or a name in its rate_limits", d.Name, ref.name)
 		}
 	}
 	return d
@@ -148,7 +160,7 @@ func (p *parser) descriptors(d *Domain, level *node, seq *yaml.Node, field strin
 
 func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field string, parent []PathElem, firsts map[pair]int) {
 	elem := PathElem{}
-	var keyNode, rateLimit, children, share *yaml.Node
+	var keyNode, rateLimit, rateLimits, children, share *yaml.Node
 	var shadow, detailed, quota bool
 	var metadata map[string]any
 	fields := p.mapping(item, field)
@@ -165,6 +177,8 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 			elem.Value, _ = p.str(f.val, sub)
 		case "rate_limit":
 			rateLimit = f.val
+		case "rate_limits":
+			rateLimits = f.val
 		case "descriptors":
 			children = f.val
 		case "shadow_mode":
@@ -223,109 +237,287 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 		level.exact[id] = child
 	}
 	path := append(parent[:len(parent):len(parent)], elem)
-	if rateLimit != nil {
-		r := p.rateLimit(rateLimit, field+".rate_limit")
-		if r != nil {
-			r.Domain, r.Path, r.File, r.Line = d.Name, path, p.file, item.Line
-			r.ID = ruleID(d.Name, path)
-			r.ShadowMode, r.DetailedMetric, r.QuotaMode, r.Metadata = shadow, detailed, quota, metadata
-			child.rule = r
-			d.rules = append(d.rules, r)
-		}
+	var r *Rule
+	switch {
+	case rateLimit != nil && rateLimits != nil:
+		p.rateLimit(rateLimit, field+".rate_limit") // for its own problems and names
+		p.rateLimits(rateLimits, field+".rate_limits")
+		p.fail(fieldKey(fields, "rate_limits"), field+".rate_limits",
+			"a descriptor has either rate_limit (one limit) or rate_limits (a list of limits), not both; move the rate_limit block into the rate_limits list")
+	case rateLimit != nil:
+		r = p.rateLimit(rateLimit, field+".rate_limit")
+	case rateLimits != nil:
+		r = p.rateLimits(rateLimits, field+".rate_limits")
+	}
+	if r != nil {
+		r.Domain, r.Path, r.File, r.Line = d.Name, path, p.file, item.Line
+		r.ID = ruleID(d.Name, path)
+		r.ShadowMode, r.DetailedMetric, r.QuotaMode, r.Metadata = shadow, detailed, quota, metadata
+		child.rule = r
+		d.rules = append(d.rules, r)
 	}
 	p.descriptors(d, child, children, field+".descriptors", path)
 }
 
 // rateLimit parses a rate_limit block; nil when it is invalid.
 func (p *parser) rateLimit(n *yaml.Node, field string) *Rule {
-	r := &Rule{UnitMultiplier: 1}
-	var rpu, unit, mult, alg, burst *yaml.Node
-	var burstN uint64
-	ok := true
+	r := &Rule{}
+	b := limitBlock{node: n, field: field, ok: true}
 	for _, f := range p.mapping(n, field) {
 		sub := field + "." + f.name
+		if p.limitField(&b, f, sub) {
+			continue
+		}
 		switch f.name {
-		case "requests_per_unit":
-			rpu = f.val
-			v, good := p.uint(f.val, sub, 0, maxUint32)
-			r.RequestsPerUnit, ok = uint32(v), ok && good
-		case "unit":
-			unit = f.val
-			var good bool
-			r.Unit, good = keyword(p, f.val, sub, ParseUnit)
-			ok = ok && good
-		case "unit_multiplier":
-			mult = f.val
-			v, good := p.uint(f.val, sub, 1, maxUint32)
-			r.UnitMultiplier, ok = uint32(v), ok && good
-		case "name":
-			r.Name, _ = p.str(f.val, sub)
-			if r.Name != "" {
-				if p.names == nil {
-					p.names = make(map[string]bool)
-				}
-				p.names[r.Name] = true
-			}
 		case "replaces":
 			r.Replaces = p.replaces(f.val, sub) // also appended to p.refs
 		case "unlimited":
 			r.Unlimited = p.boolean(f.val, sub)
-		case "algorithm":
-			alg = f.val
-			var good bool
-			r.Algorithm, good = keyword(p, f.val, sub, ParseAlgorithm)
-			ok = ok && good
-		case "burst":
-			burst = f.val
-			var good bool
-			burstN, good = p.uint(f.val, sub, 1, maxUint32)
-			ok = ok && good
 		default:
 			p.unknown(f, field, rateLimitFields)
 		}
 	}
 	for i := len(p.refs) - len(r.Replaces); i < len(p.refs); i++ {
-		p.refs[i].owner = r.Name
+		p.refs[i].owner = b.lim.Name
 	}
 
+	r.Name = b.lim.Name
 	if r.Unlimited {
+		ok := b.ok
 		for _, c := range []struct {
 			n    *yaml.Node
 			name string
-		}{{unit, "unit"}, {mult, "unit_multiplier"}, {alg, "algorithm"}, {burst, "burst"}} {
+		}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}} {
 			if c.n != nil {
 				p.fail(c.n, field+"."+c.name, "must not be set together with unlimited: true; an unlimited rule counts nothing")
 				ok = false
 			}
 		}
-		r.RequestsPerUnit, r.Unit, r.UnitMultiplier = 0, 0, 0
 		if !ok {
 			return nil
 		}
 		return r
 	}
-	if unit == nil {
-		p.fail(n, field+".unit", "missing; accepted: second, minute, hour, day, week, month, year (or unlimited: true)")
-		ok = false
+	if !p.checkLimit(&b) {
+		return nil
 	}
-	if rpu == nil {
-		p.fail(n, field+".requests_per_unit", "missing; the number of requests each unit admits (0 admits none)")
-		ok = false
+	r.setLimits([]Limit{b.lim})
+	return r
+}
+
+// rateLimits parses a rate_limits list, several limits of one descriptor;
+// nil when it is invalid.
+func (p *parser) rateLimits(n *yaml.Node, field string) *Rule {
+	items := p.sequence(n, field)
+	if len(items) == 0 {
+		if m := resolve(n); isNull(m) || m.Kind == yaml.SequenceNode && len(m.Content) == 0 {
+			p.fail(n, field, "must list at least one limit, each a mapping like rate_limit's (requests_per_unit, unit, ...)")
+		}
+		return nil
+	}
+	limits := make([]Limit, 0, len(items))
+	ok := true
+	for i, item := range items {
+		sub := fmt.Sprintf("%s[%d]", field, i)
+		b := limitBlock{node: item, field: sub, ok: true, listed: true}
+		unlimited := false // an entry saying unlimited lacks a unit for a reason
+		for _, f := range p.mapping(item, sub) {
+			if p.limitField(&b, f, sub+"."+f.name) {
+				continue
+			}
+			switch f.name {
+			case "replaces":
+				p.fail(f.key, sub+"."+f.name, "belongs to a whole descriptor and is accepted only in rate_limit; "+
+					"a descriptor with rate_limits cannot replace other rules, but each of its names can be replaced")
+				b.ok = false
+			case "unlimited":
+				unlimited = true
+				p.fail(f.key, sub+"."+f.name, "belongs to a whole descriptor: write rate_limit: {unlimited: true} instead of rate_limits")
+				b.ok = false
+			default:
+				p.unknown(f, sub, rateLimitsFields)
+			}
+		}
+		if unlimited || !p.checkLimit(&b) {
+			ok = false
+			continue
+		}
+		for j, prev := range limits {
+			if prev.Algorithm != b.lim.Algorithm || prev.Window != b.lim.Window {
+				continue
+			}
+			window := windowText(b.lim)
+			if prev.Unit != b.lim.Unit {
+				window += ", as long as " + windowText(prev)
+			}
+			p.fail(item, sub, "has the same algorithm (%s) and window (%s) as rate_limits[%d] at line %d; "+
+				"the two would count in one counter: give each limit its own window or algorithm",
+				b.lim.Algorithm, window, j, items[j].Line)
+			ok = false
+			break
+		}
+		limits = append(limits, b.lim)
 	}
 	if !ok {
 		return nil
 	}
-	if r.UnitMultiplier > uint32(MaxWindow/r.Unit.Duration()) {
-		p.fail(mult, field+".unit_multiplier", "%d %ss is longer than the longest window, 100 years", r.UnitMultiplier, r.Unit)
-		return nil
-	}
-	if burst != nil && !r.Algorithm.UsesBurst() {
-		p.fail(burst, field+".burst", "%s does not use burst; only bucket algorithms take a capacity", r.Algorithm)
-		return nil
-	}
-	r.Window = time.Duration(r.UnitMultiplier) * r.Unit.Duration()
-	r.Burst = burstN
+	r := &Rule{}
+	r.setLimits(limits)
 	return r
+}
+
+// limitBlock is one limit being parsed: a rate_limit block or an entry of
+// rate_limits, with the nodes of the fields it set.
+type limitBlock struct {
+	node                        *yaml.Node
+	field                       string
+	rpu, unit, mult, alg, burst *yaml.Node
+	lim                         Limit
+	ok                          bool // every field given is well-formed
+	listed                      bool // an entry of rate_limits
+}
+
+// limitField parses field f of a limit block when it is one of the fields
+// every limit takes, and reports whether it was.
+func (p *parser) limitField(b *limitBlock, f mappingField, sub string) bool {
+	good := true
+	switch f.name {
+	case "requests_per_unit":
+		b.rpu = f.val
+		var v uint64
+		v, good = p.uint(f.val, sub, 0, maxUint32)
+		b.lim.RequestsPerUnit = uint32(v)
+	case "unit":
+		b.unit = f.val
+		b.lim.Unit, good = keyword(p, f.val, sub, ParseUnit)
+	case "unit_multiplier":
+		b.mult = f.val
+		var v uint64
+		v, good = p.uint(f.val, sub, 1, maxUint32)
+		b.lim.UnitMultiplier = uint32(v)
+	case "name":
+		b.lim.Name, _ = p.str(f.val, sub)
+		if b.lim.Name != "" {
+			if p.names == nil {
+				p.names = make(map[string]bool)
+			}
+			p.names[b.lim.Name] = true
+		}
+	case "algorithm":
+		b.alg = f.val
+		b.lim.Algorithm, good = keyword(p, f.val, sub, ParseAlgorithm)
+	case "burst":
+		b.burst = f.val
+		b.lim.Burst, good = p.uint(f.val, sub, 0, maxUint32) // 0: see checkLimit
+	default:
+		return false
+	}
+	b.ok = b.ok && good
+	return true
+}
+
+// checkLimit checks a counted limit block whose fields are parsed: its
+// required fields, its window, and the bounds within which its algorithm
+// computes exactly (package algo's Limit.Check, mirrored). It completes
+// b.lim and reports whether the limit is valid.
+func (p *parser) checkLimit(b *limitBlock) bool {
+	if n := resolve(b.node); n.Kind != yaml.MappingNode && !isNull(n) {
+		return false // reported by mapping; missing fields would only echo it
+	}
+	ok := b.ok
+	if b.unit == nil {
+		msg := "missing; accepted: second, minute, hour, day, week, month, year"
+		if !b.listed {
+			msg += " (or unlimited: true)"
+		}
+		p.fail(b.node, b.field+".unit", "%s", msg)
+		ok = false
+	}
+	if b.rpu == nil {
+		p.fail(b.node, b.field+".requests_per_unit", "missing; the number of requests each unit admits (0 admits none)")
+		ok = false
+	}
+	if !ok {
+		return false
+	}
+	l := &b.lim
+	if b.mult == nil {
+		l.UnitMultiplier = 1
+	}
+	if l.UnitMultiplier > uint32(MaxWindow/l.Unit.Duration()) {
+		p.fail(b.mult, b.field+".unit_multiplier", "%d %ss is longer than the longest window, 100 years", l.UnitMultiplier, l.Unit)
+		return false
+	}
+	l.Window = time.Duration(l.UnitMultiplier) * l.Unit.Duration()
+	if b.burst != nil && !l.Algorithm.UsesBurst() {
+		p.fail(b.burst, b.field+".burst", "%s does not use burst; only bucket algorithms take a capacity", l.Algorithm)
+		return false
+	}
+	n := uint64(l.RequestsPerUnit)
+	switch l.Algorithm {
+	case SlidingWindowLog:
+		if n > MaxLog {
+			p.fail(b.rpu, b.field+".requests_per_unit", "%d is above %d, the most sliding_window_log accepts: it keeps one timestamp per admitted hit; "+
+				"use sliding_window_counter or token_bucket for larger limits", n, MaxLog)
+			ok = false
+		}
+	case TokenBucket, LeakyBucket, GCRA:
+		if n > MaxBucket {
+			p.fail(b.rpu, b.field+".requests_per_unit", "%d is above %d (2^26), the most %s computes exactly; "+
+				"state the same rate per a shorter unit, or use a window algorithm", n, MaxBucket, l.Algorithm)
+			ok = false
+		}
+		switch {
+		case b.burst != nil && l.Burst == 0:
+			p.fail(b.burst, b.field+".burst", "must be at least 1: a bucket of capacity 0 admits nothing; "+
+				"give a capacity from 1 to %d, or leave burst out for a capacity of requests_per_unit", MaxBucket)
+			ok = false
+		case l.Burst > MaxBucket:
+			p.fail(b.burst, b.field+".burst", "%d is above %d (2^26), the largest bucket %s computes exactly; lower burst", l.Burst, MaxBucket, l.Algorithm)
+			ok = false
+		}
+		if ok && n > 0 && refillTooLong(l.Capacity(), l.Window, n) {
+			p.fail(b.burst, b.field+".burst", "refilling a burst of %d at %d per %s takes longer than 100 years (burst × window / requests_per_unit); "+
+				"lower burst or raise requests_per_unit", l.Capacity(), n, per(*l))
+			ok = false
+		}
+	}
+	return ok
+}
+
+// refillTooLong reports whether a bucket of capacity b refilled at n per
+// window takes longer than MaxRefill to refill from empty, computed as
+// package algo computes it: b × window µs / n, in 128 bits.
+func refillTooLong(b uint64, window time.Duration, n uint64) bool {
+	hi, lo := bits.Mul64(b, uint64(max(window.Microseconds(), 1)))
+	return hi != 0 || lo/n > uint64(MaxRefill.Microseconds())
+}
+
+// windowText writes a limit's window as written, for messages: "1
+// minute", "60 seconds".
+func windowText(l Limit) string {
+	if l.UnitMultiplier == 1 {
+		return "1 " + l.Unit.String()
+	}
+	return fmt.Sprintf("%d %ss", l.UnitMultiplier, l.Unit)
+}
+
+// per writes a limit's window after "per": "minute", "60 seconds".
+func per(l Limit) string {
+	if l.UnitMultiplier == 1 {
+		return l.Unit.String()
+	}
+	return windowText(l)
+}
+
+// fieldKey returns the key node of the field named name.
+func fieldKey(fields []mappingField, name string) *yaml.Node {
+	for _, f := range fields {
+		if f.name == name {
+			return f.key
+		}
+	}
+	return nil
 }
 
 // replaces parses a replaces list: a sequence of {name: ...} mappings.

@@ -121,7 +121,8 @@ func (n *node) child(k, v string) *node {
 	return n.keyOnly[k]
 }
 
-// Rule is a descriptor with a rate_limit block.
+// Rule is a descriptor with a rate_limit block, or with a rate_limits list
+// of several limits decided together.
 type Rule struct {
 	// Domain is the name of the rule's domain.
 	Domain string
@@ -132,7 +133,9 @@ type Rule struct {
 	// Path is the descriptor path from the domain down to the rule.
 	Path []PathElem
 
-	// Name is rate_limit.name, used by replaces and reported to Envoy.
+	// Name is rate_limit.name, used by replaces and reported to Envoy. A
+	// rule with several limits has one name per limit, in Limits; Name is
+	// the first limit's. See [Rule.HasName].
 	Name string
 	// Replaces lists the names of rules this rule replaces when both
 	// match one request.
@@ -141,14 +144,22 @@ type Rule struct {
 	Unlimited bool
 	// RequestsPerUnit, Unit and UnitMultiplier are the limit as written,
 	// and Window is Unit × UnitMultiplier. All zero for unlimited rules.
+	// For a rule with several limits they are the first one's.
 	RequestsPerUnit uint32
 	Unit            Unit
 	UnitMultiplier  uint32
 	Window          time.Duration
 	// Algorithm decides the rule; Burst is its bucket capacity, 0 when the
-	// algorithm takes none or the rule leaves it to the default.
+	// algorithm takes none or the rule leaves it to the default. For a
+	// rule with several limits they are the first one's.
 	Algorithm Algorithm
 	Burst     uint64
+	// Limits lists every limit of the rule, in file order: the one of
+	// rate_limit, or each entry of rate_limits. Limits[0] repeats the
+	// fields above. A request matching the rule is counted against every
+	// limit at once, and refused when any of them refuses. Nil for
+	// unlimited rules; never empty otherwise.
+	Limits []Limit
 
 	// ShadowMode rules are decided and counted but never refuse.
 	ShadowMode bool
@@ -161,6 +172,61 @@ type Rule struct {
 	// File and Line locate the descriptor that holds the rule.
 	File string
 	Line int
+}
+
+// HasName reports whether name names the rule: its rate_limit.name, or the
+// name of any of its limits. replaces naming any of them drops the whole
+// rule.
+func (r *Rule) HasName(name string) bool {
+	if name == "" {
+		return false
+	}
+	if r.Name == name {
+		return true
+	}
+	for i := 1; i < len(r.Limits); i++ {
+		if r.Limits[i].Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// setLimits makes limits the rule's, the first one also in the rule's own
+// fields.
+func (r *Rule) setLimits(limits []Limit) {
+	first := limits[0]
+	r.Name = first.Name
+	r.RequestsPerUnit, r.Unit, r.UnitMultiplier, r.Window = first.RequestsPerUnit, first.Unit, first.UnitMultiplier, first.Window
+	r.Algorithm, r.Burst = first.Algorithm, first.Burst
+	r.Limits = limits
+}
+
+// Limit is one limit of a rule: a rate_limit block, or one entry of a
+// rate_limits list.
+type Limit struct {
+	// Name is the limit's name: reported to Envoy when this limit is the
+	// one a decision describes, and a name replaces may use for the rule.
+	Name string
+	// RequestsPerUnit, Unit and UnitMultiplier are the limit as written,
+	// and Window is Unit × UnitMultiplier.
+	RequestsPerUnit uint32
+	Unit            Unit
+	UnitMultiplier  uint32
+	Window          time.Duration
+	// Algorithm decides the limit; Burst is its bucket capacity, 0 when
+	// the algorithm takes none or the rule leaves it to the default.
+	Algorithm Algorithm
+	Burst     uint64
+}
+
+// Capacity returns the limit's bucket capacity: Burst, or RequestsPerUnit
+// when Burst is 0.
+func (l Limit) Capacity() uint64 {
+	if l.Burst == 0 {
+		return uint64(l.RequestsPerUnit)
+	}
+	return l.Burst
 }
 
 // PathElem is one level of the descriptor path that leads to a rule.
