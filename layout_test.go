@@ -17,20 +17,23 @@ const module = "github.com/ratelimitd/ratelimitd"
 // import nothing of ours. A new package must be added here.
 var allowedDeps = map[string][]string{
 	"pkg/algo":           {},
+	"pkg/algo/algotest":  {"pkg/algo"},
 	"pkg/key":            {"pkg/algo"},
 	"pkg/config":         {},
 	"pkg/backend/memory": {"pkg/algo"},
+	"pkg/backend/redis":  {"pkg/algo"},
+	"internal/redistest": {},
 	"pkg/service":        {"pkg/algo", "pkg/config", "pkg/key"},
 	"cmd/ratelimitd":     {"*"},
 }
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"pkg/algo", "pkg/key", "pkg/backend/memory"}
+var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "internal/redistest"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}
-	for _, root := range []string{"pkg", "cmd"} {
+	for _, root := range []string{"pkg", "cmd", "internal"} {
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			switch {
 			case err != nil:

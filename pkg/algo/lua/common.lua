@@ -1,0 +1,149 @@
+-- common.lua: helpers shared by every algorithm of ratelimitd's decision
+-- script (see decide.lua for the script's KEYS/ARGV/return contract).
+--
+-- Lua's numbers are float64. Every value below is an integer under 2^53,
+-- which float64 holds exactly, and every operation is one Go does on int64
+-- (or the same float64 operation, in the same order), so the Lua twins and
+-- the Go step functions of package algo compute identical results.
+
+local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+local NEVER = -1 -- the retry-after of hits that no waiting admits
+
+-- fmt formats an integer exactly; redis.call would format a number with
+-- %.14g and lose the last digits of a microsecond timestamp.
+local function fmt(x)
+  return string.format('%d', x)
+end
+
+-- divmod returns floor(x / n) and x - n*floor(x / n), exactly.
+local function divmod(x, n)
+  local q = floor(x / n)
+  local r = x - q * n
+  if r < 0 then
+    q, r = q - 1, r + n
+  elseif r >= n then
+    q, r = q + 1, r - n
+  end
+  return q, r
+end
+
+local function floor_mod(x, n)
+  local _, r = divmod(x, n)
+  return r
+end
+
+-- The bucket algorithms keep instants as us + f/N microseconds, 0 <= f < N
+-- (see rate and inst in package algo). A rate is the emission interval
+-- T = W/N us, as W = wq*N + wr.
+local function new_rate(n, w)
+  local wq, wr = divmod(w, n)
+  return {n = n, wq = wq, wr = wr}
+end
+
+-- cost returns k*T.
+local function cost(r, k)
+  local q, f = divmod(k * r.wr, r.n)
+  return k * r.wq + q, f
+end
+
+local function add(r, aus, af, bus, bf)
+  local us, f = aus + bus, af + bf
+  if f >= r.n then
+    us, f = us + 1, f - r.n
+  end
+  return us, f
+end
+
+local function sub(r, aus, af, bus, bf)
+  local us, f = aus - bus, af - bf
+  if f < 0 then
+    us, f = us - 1, f + r.n
+  end
+  return us, f
+end
+
+local function cmp(aus, af, bus, bf)
+  if aus < bus or (aus == bus and af < bf) then
+    return -1
+  elseif aus == bus and af == bf then
+    return 0
+  end
+  return 1
+end
+
+local function ceil_us(us, f)
+  if f > 0 then
+    return us + 1
+  end
+  return us
+end
+
+-- fit returns the largest k in [0, most] with cost(k) <= e: an estimate in
+-- float64, then corrected against exact costs.
+local function fit(r, eus, ef, most)
+  local k = floor((eus * r.n + ef) / (r.wq * r.n + r.wr))
+  k = max(0, min(k, most))
+  while k < most do
+    local cu, cf = cost(r, k + 1)
+    if cmp(cu, cf, eus, ef) > 0 then
+      break
+    end
+    k = k + 1
+  end
+  while k > 0 do
+    local cu, cf = cost(r, k)
+    if cmp(cu, cf, eus, ef) <= 0 then
+      break
+    end
+    k = k - 1
+  end
+  return k
+end
+
+-- hits_in returns the least k in [0, most] with cost(k) >= d.
+local function hits_in(r, dus, df, most)
+  local k = fit(r, dus, df, most)
+  if k < most then
+    local cu, cf = cost(r, k)
+    if cmp(cu, cf, dus, df) < 0 then
+      k = k + 1
+    end
+  end
+  return k
+end
+
+-- algorithms maps a rule-file name to its implementation:
+--   load(key, now, l) -> state     the state stored under key
+--   step(s, now, l, hits) -> next, allowed, remaining, reset_us, retry_us, wait_us
+--   store(key, s, reset_us, ttl_ms) saves a state that was admitted
+-- where l = {n = N, w = W in us, b = B}. step is pure, as algo.Step is: it
+-- returns s itself when the request is refused or hits is 0.
+local algorithms = {}
+
+-- string_state returns load and store for a state kept as a Redis string
+-- of space-separated integers, one per field; a missing key loads as all
+-- zeros, the zero algo.State.
+local function string_state(fields)
+  local function load(key)
+    local s, v = {}, redis.call('GET', key)
+    local i = 1
+    if v then
+      for x in string.gmatch(v, '%-?%d+') do
+        s[fields[i]] = tonumber(x)
+        i = i + 1
+      end
+    end
+    for j = i, #fields do
+      s[fields[j]] = 0
+    end
+    return s
+  end
+  local function store(key, s, reset_us, ttl_ms)
+    local parts = {}
+    for i, f in ipairs(fields) do
+      parts[i] = fmt(s[f])
+    end
+    redis.call('SET', key, table.concat(parts, ' '), 'PX', fmt(ttl_ms))
+  end
+  return load, store
+end

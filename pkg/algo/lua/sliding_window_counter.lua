@@ -1,0 +1,71 @@
+-- sliding_window_counter.lua: the twin of algo's slidingWindowCounter.
+-- State (a string "t c p"): t is the start of the current epoch-aligned
+-- window, c its hits, p the previous window's hits.
+do
+  -- weighted is ceil(prev * (w - elapsed) / w), in float64, one operation
+  -- at a time exactly as Go computes it.
+  local function weighted(prev, elapsed, w)
+    if prev == 0 then
+      return 0
+    end
+    return ceil(prev * (w - elapsed) / w)
+  end
+
+  -- fit_weight returns the least e in [from, w] with weighted(prev, e, w) <= room.
+  local function fit_weight(prev, room, from, w)
+    if weighted(prev, from, w) <= room then
+      return from
+    end
+    local e = ceil(w - room * w / prev)
+    e = min(max(e, from + 1), w)
+    while e > from + 1 and weighted(prev, e - 1, w) <= room do
+      e = e - 1
+    end
+    while e < w and weighted(prev, e, w) > room do
+      e = e + 1
+    end
+    return e
+  end
+
+  local load, store = string_state({'t', 'c', 'p'})
+  algorithms.sliding_window_counter = {load = load, store = store, step = function(s, now, l, hits)
+    local w, n = l.w, l.n
+    local start = now - floor_mod(now, w)
+    if s.t > start and s.t - start <= w then
+      start = s.t
+    end
+    local prev, curr = 0, 0
+    if s.t == start then
+      prev, curr = s.p, s.c
+    elseif s.t == start - w then
+      prev = s.c
+    end
+    local elapsed = max(now - start, 0)
+    local used = weighted(prev, elapsed, w) + curr
+    local remaining = n - min(used, n)
+    local function reset(c)
+      if c > 0 then
+        return start + 2 * w - now
+      elseif prev > 0 then
+        return start + w - now
+      end
+      return 0
+    end
+    if hits == 0 then
+      return s, true, remaining, reset(curr), 0, 0
+    elseif hits > n then
+      return s, false, remaining, reset(curr), NEVER, 0
+    elseif hits > remaining then
+      local room = n - curr - hits
+      if room >= 0 then
+        local e = fit_weight(prev, room, elapsed, w)
+        if e < w then
+          return s, false, remaining, reset(curr), start + e - now, 0
+        end
+      end
+      return s, false, remaining, reset(curr), start + w + fit_weight(curr, n - hits, 0, w) - now, 0
+    end
+    curr = curr + hits
+    return {t = start, c = curr, p = prev}, true, remaining - hits, reset(curr), 0, 0
+  end}
+end

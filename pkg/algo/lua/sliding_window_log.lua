@@ -1,0 +1,96 @@
+-- sliding_window_log.lua: the twin of algo's slidingWindowLog.
+-- State: a sorted set of the admitted hits, one member per hit, scored by
+-- its instant in us. Members are "<instant>:<i>", i counting the hits
+-- logged at that instant, so they are unique. Live entries are those in
+-- (now-W, now+W]: older ones have expired, and ones more than W ahead (a
+-- clock stepped back) are void. Like the Go step, a decision reads only
+-- live entries and removes the others only when it stores.
+--
+-- The loaded state is {key, card, pending}: card live entries in Redis,
+-- pending hits admitted at now by earlier requests of this batch, not yet
+-- stored.
+do
+  -- live_from returns the ZRANGEBYSCORE bounds of the live entries.
+  local function live_from(now, w)
+    return '(' .. fmt(now - w), fmt(now + w)
+  end
+
+  -- score_at returns the instant of the live entry of rank i (0 = oldest).
+  local function score_at(s, now, w, i)
+    local lo, hi = live_from(now, w)
+    return tonumber(redis.call('ZRANGEBYSCORE', s.key, lo, hi, 'WITHSCORES', 'LIMIT', i, 1)[2])
+  end
+
+  -- kth returns the instant of the k-th oldest live entry, pending ones
+  -- (at now) included.
+  local function kth(s, now, w, k)
+    local lo = live_from(now, w)
+    local at_or_before = redis.call('ZCOUNT', s.key, lo, fmt(now))
+    if k <= at_or_before then
+      return score_at(s, now, w, k - 1)
+    elseif k <= at_or_before + s.pending then
+      return now
+    end
+    return score_at(s, now, w, k - s.pending - 1)
+  end
+
+  -- newest returns the instant of the newest live entry, or nil.
+  local function newest(s, now, w)
+    local top
+    if s.card > 0 then
+      local lo, hi = live_from(now, w)
+      top = tonumber(redis.call('ZREVRANGEBYSCORE', s.key, hi, lo, 'WITHSCORES', 'LIMIT', 0, 1)[2])
+    end
+    if s.pending > 0 and (top == nil or now > top) then
+      top = now
+    end
+    return top
+  end
+
+  algorithms.sliding_window_log = {
+    load = function(key, now, l)
+      local lo, hi = live_from(now, l.w)
+      return {key = key, card = redis.call('ZCOUNT', key, lo, hi), pending = 0}
+    end,
+
+    step = function(s, now, l, hits)
+      local w, n = l.w, l.n
+      local count = s.card + s.pending
+      local remaining = n - min(count, n)
+      local top = newest(s, now, w)
+      local reset = 0
+      if top then
+        reset = top + w - now
+      end
+      if hits == 0 then
+        return s, true, remaining, reset, 0, 0
+      elseif hits > n then
+        return s, false, remaining, reset, NEVER, 0
+      elseif hits > remaining then
+        -- The same hits fit once the oldest count+hits-n entries expired.
+        return s, false, remaining, reset, kth(s, now, w, count + hits - n) + w - now, 0
+      end
+      if top == nil or now > top then
+        top = now
+      end
+      return {key = s.key, card = s.card, pending = s.pending + hits, w = w}, true, remaining - hits, top + w - now, 0, 0
+    end,
+
+    store = function(key, s, reset_us, ttl_ms)
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(s.now - s.w))
+      redis.call('ZREMRANGEBYSCORE', key, '(' .. fmt(s.now + s.w), '+inf')
+      local at = fmt(s.now)
+      local logged = redis.call('ZCOUNT', key, at, at)
+      -- In chunks: unpack is limited to a few thousand values.
+      for from = 1, s.pending, 1000 do
+        local args = {}
+        for i = from, min(from + 999, s.pending) do
+          args[#args + 1] = at
+          args[#args + 1] = at .. ':' .. fmt(logged + i)
+        end
+        redis.call('ZADD', key, unpack(args))
+      end
+      redis.call('PEXPIRE', key, fmt(ttl_ms))
+    end,
+  }
+end

@@ -1,0 +1,105 @@
+package algo
+
+import (
+	"embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// scriptParts are the Lua files of the decision script, in the order they
+// are joined: helpers, every algorithm, then the driver.
+var scriptParts = []string{
+	"common.lua",
+	"fixed_window.lua",
+	"sliding_window_log.lua",
+	"sliding_window_counter.lua",
+	"token_bucket.lua",
+	"leaky_bucket.lua",
+	"gcra.lua",
+	"burst_fill.lua",
+	"decide.lua",
+}
+
+// Script returns the Lua decision script: every algorithm's twin of its Go
+// step function and a driver that decides a batch atomically, with the
+// semantics of [Backend.Decide]. Its KEYS/ARGV/return contract opens
+// lua/decide.lua; [AppendScriptArgs] builds the ARGV and
+// [ParseScriptReply] reads the reply.
+func Script() string {
+	var b strings.Builder
+	for _, name := range scriptParts {
+		src, err := luaFiles.ReadFile("lua/" + name)
+		if err != nil {
+			panic(err) // the files are embedded: unreachable
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// ScriptArgsPerRequest is the number of ARGV entries of each request.
+const ScriptArgsPerRequest = 6
+
+// AppendScriptArgs appends the script's ARGV for reqs to dst. A zero now
+// makes the script read the Redis clock; minTTL is the least TTL of a
+// stored key (zero in production). The script trusts its arguments: every
+// limit must pass [Limit.Check].
+func AppendScriptArgs(dst []any, now time.Time, minTTL time.Duration, reqs []Request) []any {
+	if now.IsZero() {
+		dst = append(dst, "")
+	} else {
+		dst = append(dst, strconv.FormatInt(now.UnixMicro(), 10))
+	}
+	dst = append(dst, strconv.FormatInt(minTTL.Milliseconds(), 10))
+	for i := range reqs {
+		r := &reqs[i]
+		shadow := "0"
+		if r.Shadow {
+			shadow = "1"
+		}
+		dst = append(dst, r.Limit.Algorithm.String(),
+			strconv.FormatUint(r.Limit.Requests, 10),
+			strconv.FormatInt(windowMicros(r.Limit), 10),
+			strconv.FormatUint(r.Limit.capacity(), 10),
+			strconv.FormatUint(r.Hits, 10),
+			shadow)
+	}
+	return dst
+}
+
+// ParseScriptReply reads the script's reply, an array of integers, into
+// out and reports whether the batch was admitted.
+func ParseScriptReply(reply []any, out []Decision) (admitted bool, err error) {
+	if len(reply) != 1+5*len(out) {
+		return false, fmt.Errorf("decision script replied %d values for %d requests", len(reply), len(out))
+	}
+	var v [5]int64
+	for i := range out {
+		for j := range v {
+			n, ok := reply[1+5*i+j].(int64)
+			if !ok {
+				return false, fmt.Errorf("decision script replied %T for request %d, want an integer", reply[1+5*i+j], i)
+			}
+			v[j] = n
+		}
+		o := v[:]
+		d := Decision{
+			Allowed:    o[0] == 1,
+			Remaining:  uint64(o[1]),
+			ResetAfter: micros(o[2]),
+			RetryAfter: micros(o[3]),
+			Wait:       micros(o[4]),
+		}
+		if o[3] < 0 {
+			d.RetryAfter = Never
+		}
+		out[i] = d
+	}
+	return reply[0] == int64(1), nil
+}

@@ -1,0 +1,264 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+)
+
+// client returns a client of a real Redis for t.
+func client(t *testing.T) *goredis.Client {
+	t.Helper()
+	srv := redistest.Start(t)
+	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// clocked is a Backend deciding at the instants a test gives: the scripts
+// run with the clock as an argument instead of the Redis clock.
+type clocked struct{ b *Backend }
+
+func (c clocked) Decide(ctx context.Context, now time.Time, reqs []algo.Request, out []algo.Decision) error {
+	return c.b.decide(ctx, now, reqs, out)
+}
+
+// testBackend returns a backend whose keys are the test's own and outlive
+// it: the test's clock is not the Redis clock that expires keys.
+func testBackend(t *testing.T, c *goredis.Client) *Backend {
+	b := New(c, Options{Prefix: fmt.Sprintf("test:%s:%d:", t.Name(), time.Now().UnixNano())})
+	b.minTTL = time.Hour
+	return b
+}
+
+// TestConformance runs the algorithm vectors against the Lua scripts.
+func TestConformance(t *testing.T) {
+	c := client(t)
+	newSubject := func(t *testing.T) algotest.Subject { return clocked{testBackend(t, c)} }
+	algotest.Run(t, newSubject)
+	algotest.RunBatches(t, newSubject)
+}
+
+// TestGoAndLuaAgree decides random batches with the in-memory backend (the
+// Go step functions) and with the Lua scripts, and wants identical
+// decisions. The clock mostly runs forward, sometimes stands still, jumps
+// ahead or steps back.
+func TestGoAndLuaAgree(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	for _, a := range algo.Algorithms() {
+		t.Run(a.String(), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(a), 11))
+			for run := range 12 {
+				now := algotest.Epoch
+				mem := memory.New(memory.Options{Now: func() time.Time { return now }, SweepInterval: -1})
+				defer mem.Close()
+				lua := testBackend(t, c)
+				// Three keys, one of them of another algorithm, so that
+				// batches mix algorithms, duplicates and shadow requests.
+				other := algo.Algorithms()[rng.IntN(len(algo.Algorithms()))]
+				limits := []algo.Limit{randomLimit(rng, a), randomLimit(rng, a), randomLimit(rng, other)}
+				w := limits[0].Window
+				for step := range 150 {
+					switch rng.IntN(12) {
+					case 0: // the same instant
+					case 1:
+						now = now.Add(time.Duration(rng.Int64N(int64(3 * w))))
+					case 2:
+						now = now.Add(-time.Duration(rng.Int64N(int64(2 * w))))
+					default:
+						now = now.Add(time.Duration(rng.Int64N(int64(w/4)) + 1))
+					}
+					reqs := make([]algo.Request, 1+rng.IntN(3))
+					for i := range reqs {
+						k := rng.IntN(len(limits))
+						reqs[i] = algo.Request{
+							Key:    []byte(fmt.Sprintf("k%d|%s", k, limits[k].Algorithm)),
+							Limit:  limits[k],
+							Hits:   rng.Uint64N(4),
+							Shadow: rng.IntN(6) == 0,
+						}
+						if rng.IntN(25) == 0 {
+							reqs[i].Hits = 1 + max(limits[k].Requests, limits[k].Burst)
+						}
+					}
+					want := make([]algo.Decision, len(reqs))
+					got := make([]algo.Decision, len(reqs))
+					if err := mem.Decide(ctx, reqs, want); err != nil {
+						t.Fatal(err)
+					}
+					if err := lua.decide(ctx, now, reqs, got); err != nil {
+						t.Fatal(err)
+					}
+					for i := range reqs {
+						if got[i] != want[i] {
+							t.Fatalf("run %d step %d at %v, request %d of %d (%s, %+v, %d hits, shadow %v):\n Lua %s\n  Go %s",
+								run, step, now.Sub(algotest.Epoch), i, len(reqs), reqs[i].Key, reqs[i].Limit, reqs[i].Hits, reqs[i].Shadow,
+								algotest.Format(got[i]), algotest.Format(want[i]))
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// randomLimit returns a small limit, so that random batches reach its
+// boundaries often. Windows are whole milliseconds or odd microseconds.
+func randomLimit(rng *rand.Rand, a algo.Algorithm) algo.Limit {
+	windows := []time.Duration{time.Second, 3 * time.Second, 7 * time.Millisecond, 999_983 * time.Microsecond}
+	l := algo.Limit{Algorithm: a, Requests: rng.Uint64N(13), Window: windows[rng.IntN(len(windows))]}
+	if a.UsesBurst() && rng.IntN(2) == 0 {
+		l.Burst = 1 + rng.Uint64N(3*l.Requests+1)
+	}
+	return l
+}
+
+// TestKeysExpireWithTheirState checks, on the Redis clock, that every
+// stored key carries a TTL no longer than its reset-after rounded up to the
+// millisecond, and that the key is gone once the limit is restored.
+func TestKeysExpireWithTheirState(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	b := New(c, Options{Prefix: "ttl:"})
+	for _, a := range algo.Algorithms() {
+		l := algo.Limit{Algorithm: a, Requests: 5, Window: 300 * time.Millisecond}
+		key := []byte(a.String())
+		out := make([]algo.Decision, 1)
+		if err := b.Decide(ctx, []algo.Request{{Key: key, Limit: l, Hits: 2}}, out); err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := c.PTTL(ctx, "ttl:"+string(key)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if limit := out[0].ResetAfter.Round(time.Millisecond) + time.Millisecond; ttl <= 0 || ttl > limit {
+			t.Errorf("%v: TTL %v after a decision with reset-after %v, want (0, %v]", a, ttl, out[0].ResetAfter, limit)
+		}
+	}
+	// Every key above is restored within 2 windows (the sliding counter's
+	// longest); wait for Redis to expire them, polling.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		keys, err := c.Keys(ctx, "ttl:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("keys %v outlived their state", keys)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRedisClock checks that the script decides by the Redis clock when
+// the backend has none of its own: a fixed window's reset-after is the time
+// to the end of the window the Redis clock is in.
+func TestRedisClock(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	b := New(c, Options{Prefix: "clock:"})
+	l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 5, Window: time.Hour}
+	before, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]algo.Decision, 1)
+	if err := b.Decide(ctx, []algo.Request{{Key: []byte("k"), Limit: l, Hits: 1}}, out); err != nil {
+		t.Fatal(err)
+	}
+	after, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := before.Truncate(time.Hour).Add(time.Hour)
+	if got := after.Add(out[0].ResetAfter); got.Before(end) || got.After(end.Add(after.Sub(before))) {
+		t.Errorf("reset-after %v from Redis time %v ends at %v, want the end of Redis's hour, %v", out[0].ResetAfter, before, got, end)
+	}
+}
+
+// TestScriptSurvivesFlush checks that a SCRIPT FLUSH costs nothing but one
+// EVAL: the backend reloads the script transparently.
+func TestScriptSurvivesFlush(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	b := testBackend(t, c)
+	l := algo.Limit{Requests: 3, Window: time.Minute}
+	out := make([]algo.Decision, 1)
+	for i := range 3 {
+		if i == 1 {
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := b.Decide(ctx, []algo.Request{{Key: []byte("k"), Limit: l, Hits: 1}}, out); err != nil {
+			t.Fatalf("decision %d: %v", i, err)
+		}
+		if want := uint64(2 - i); !out[0].Allowed || out[0].Remaining != want {
+			t.Fatalf("decision %d: %s, want allowed with %d remaining", i, algotest.Format(out[0]), want)
+		}
+	}
+}
+
+// TestMemoryUsage measures the Redis memory of one key of each algorithm
+// (MEMORY USAGE), for docs/algorithms.md; run with -v to see the figures.
+func TestMemoryUsage(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	b := New(c, Options{Prefix: "mem:"})
+	// A key like the service's: domain, two entries, the limit.
+	key := "9:messaging=9:to_number10:2061111111|"
+	for _, a := range algo.Algorithms() {
+		for _, n := range []uint64{1, 100, 1000} {
+			if a != algo.SlidingWindowLog && n != 100 {
+				continue
+			}
+			l := algo.Limit{Algorithm: a, Requests: n, Window: time.Hour}
+			k := fmt.Sprintf("%s%s/3600s/%d", key, a, n)
+			out := make([]algo.Decision, 1)
+			if err := b.Decide(ctx, []algo.Request{{Key: []byte(k), Limit: l, Hits: n}}, out); err != nil {
+				t.Fatal(err)
+			}
+			if !out[0].Allowed {
+				t.Fatalf("%v: %d hits refused: %s", a, n, algotest.Format(out[0]))
+			}
+			bytes, err := c.MemoryUsage(ctx, "mem:"+k, 0).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%-22s %4d hits admitted: %5d bytes", a, n, bytes)
+			if limit := int64(200 + 150*n*boolInt(a == algo.SlidingWindowLog)); bytes <= 0 || bytes > limit {
+				t.Errorf("%v with %d hits: %d bytes, want at most %d", a, n, bytes, limit)
+			}
+		}
+	}
+}
+
+func boolInt(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func TestScriptOpensWithItsContract(t *testing.T) {
+	s := algo.Script()
+	for _, want := range []string{"KEYS[i]", "ARGV[1]", "ARGV[2]", "Returns {admitted"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the script's contract does not mention %q", want)
+		}
+	}
+}
