@@ -29,7 +29,8 @@ const MaxJSONBody = 4 << 20
 //     limit, as envoyproxy/ratelimit does; errors are {"error": "..."} with
 //     400 for bad input, 503 when the backend is unavailable.
 //   - GET /healthcheck answers 200 "OK" while serving, 503 once draining.
-//   - GET /rlconfig lists the rules in force, one line per rule.
+//   - GET /rlconfig lists the rules in force, one line per rule with every
+//     limit of the rule.
 func (s *Service) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /json", s.serveJSON)
@@ -112,7 +113,8 @@ func (s *Service) serveHealthcheck(w http.ResponseWriter, r *http.Request) {
 // serveRLConfig lists the rules in force. Each line starts as
 // envoyproxy/ratelimit's /rlconfig lines do ("ID: unit=U
 // requests_per_unit=N, shadow_mode: B") and goes on with what ratelimitd
-// adds.
+// adds; a rule with several limits lists the others after the first, each
+// after "; ".
 func (s *Service) serveRLConfig(w http.ResponseWriter, r *http.Request) {
 	rules := s.rules.Load()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -132,15 +134,26 @@ func (s *Service) serveRLConfig(w http.ResponseWriter, r *http.Request) {
 func writeRule(w io.Writer, r *config.Rule) {
 	if r.Unlimited {
 		fmt.Fprintf(w, "%s: unlimited, shadow_mode: %t", r.ID, r.ShadowMode)
-	} else {
-		fmt.Fprintf(w, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, algorithm: %s",
-			r.ID, strings.ToUpper(r.Unit.String()), r.RequestsPerUnit, r.ShadowMode, r.Algorithm)
-		if r.UnitMultiplier > 1 {
-			fmt.Fprintf(w, ", unit_multiplier: %d", r.UnitMultiplier)
+		if r.Name != "" {
+			fmt.Fprintf(w, ", name: %s", r.Name)
 		}
 	}
-	if r.Name != "" {
-		fmt.Fprintf(w, ", name: %s", r.Name)
+	for i, l := range r.Limits {
+		if i == 0 {
+			fmt.Fprintf(w, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t", r.ID, strings.ToUpper(l.Unit.String()), l.RequestsPerUnit, r.ShadowMode)
+		} else {
+			fmt.Fprintf(w, "; unit=%s requests_per_unit=%d", strings.ToUpper(l.Unit.String()), l.RequestsPerUnit)
+		}
+		fmt.Fprintf(w, ", algorithm: %s", l.Algorithm)
+		if l.Burst != 0 {
+			fmt.Fprintf(w, ", burst: %d", l.Burst)
+		}
+		if l.UnitMultiplier > 1 {
+			fmt.Fprintf(w, ", unit_multiplier: %d", l.UnitMultiplier)
+		}
+		if l.Name != "" {
+			fmt.Fprintf(w, ", name: %s", l.Name)
+		}
 	}
 	if len(r.Replaces) > 0 {
 		fmt.Fprintf(w, ", replaces: %s", strings.Join(r.Replaces, " "))

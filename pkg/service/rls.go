@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"math"
-	"slices"
 	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -38,9 +37,9 @@ type check struct {
 	kind     checkKind
 	rule     *config.Rule                                // the matched rule, nil for an override
 	override *rlv3.RateLimitDescriptor_RateLimitOverride // the descriptor's own limit, if any
-	limit    algo.Limit
-	req      int // index of the backend request, when counted
-	keyEnd   int // end of the key in scratch.keys, when counted
+	// When counted, the descriptor's backend requests are reqs[req:req+n]:
+	// one for an override, one per limit of its rule.
+	req, n int
 }
 
 // scratch is one call's working space, pooled so that a decision allocates
@@ -50,6 +49,7 @@ type scratch struct {
 	reqs      []algo.Request
 	decisions []algo.Decision
 	keys      []byte
+	keyEnds   []int // keyEnds[i] is the end of reqs[i].Key in keys
 }
 
 // rlsDescriptor views an RLS descriptor as a config.Descriptor. It is a
@@ -66,7 +66,8 @@ func (d *rlsDescriptor) Entry(i int) (string, string) {
 //
 // Each descriptor is matched to a rule of the request's domain, or carries
 // its own limit override. The backend decides every counted descriptor as
-// one atomic batch: either all non-shadow descriptors are within their
+// one atomic batch, each limit of a rule with several limits as a request
+// of its own: either all non-shadow descriptors are within all their
 // limits and all of them are counted, or the answer is OVER_LIMIT and
 // nothing is counted.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -103,8 +104,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		case unlimited:
 			st.LimitRemaining = math.MaxUint32
 		case counted:
-			d := &sc.decisions[c.req]
-			st.CurrentLimit = currentLimit(c)
+			j := mostRestrictive(sc.decisions[c.req : c.req+c.n])
+			d := &sc.decisions[c.req+j]
+			st.CurrentLimit = currentLimit(c, j)
 			st.LimitRemaining = uint32(min(d.Remaining, math.MaxUint32))
 			st.DurationUntilReset = durationpb.New(d.ResetAfter)
 			if d.Allowed {
@@ -118,7 +120,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			if s.log.Enabled(ctx, slog.LevelDebug) {
 				s.log.DebugContext(ctx, "over limit", "domain", req.Domain, "descriptor", i,
-					"rule", ruleID(c), "retry_after", d.RetryAfter)
+					"rule", ruleID(c), "limit", j, "retry_after", d.RetryAfter)
 			}
 		}
 	}
@@ -132,7 +134,7 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 		c := &sc.checks[i]
 		*c = check{}
 		if o := d.GetLimit(); o != nil {
-			c.kind, c.override, c.limit = counted, o, overrideLimit(o)
+			c.kind, c.override = counted, o
 			continue
 		}
 		r := dom.Match((*rlsDescriptor)(d))
@@ -141,15 +143,15 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 		case r.Unlimited:
 			c.kind, c.rule = unlimited, r
 		default:
-			c.kind, c.rule, c.limit = counted, r, ruleLimit(r)
+			c.kind, c.rule = counted, r
 		}
 	}
 
-	// A rule named N is dropped when another rule matched by the same
-	// request replaces N, as envoyproxy/ratelimit does.
+	// A rule is dropped when another rule matched by the same request
+	// replaces one of its names, as envoyproxy/ratelimit does.
 	for i := range sc.checks {
 		c := &sc.checks[i]
-		if c.kind == counted && c.rule != nil && c.rule.Name != "" && replacedBy(sc.checks, c.rule.Name) {
+		if c.kind == counted && c.rule != nil && replacedBy(sc.checks, c.rule) {
 			c.kind = replaced
 		}
 	}
@@ -164,35 +166,91 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 		if dh := d.GetHitsAddend(); dh != nil {
 			h = dh.Value
 		}
-		sc.keys = appendKey(sc.keys, req.Domain, d, c.rule, c.limit)
-		c.req, c.keyEnd = len(sc.reqs), len(sc.keys)
-		sc.reqs = append(sc.reqs, algo.Request{Limit: c.limit, Hits: h, Shadow: c.rule != nil && c.rule.ShadowMode})
+		c.req = len(sc.reqs)
+		start := len(sc.keys)
+		sc.keys = appendDescriptor(sc.keys, req.Domain, d, c.rule)
+		end := len(sc.keys)
+		if c.override != nil {
+			sc.add(overrideLimit(c.override), h, false)
+			c.n = 1
+			continue
+		}
+		// Each limit counts under its own key: the descriptor's, ended by
+		// the limit's algorithm and window.
+		for j := range c.rule.Limits {
+			if j > 0 {
+				sc.keys = append(sc.keys, sc.keys[start:end]...)
+			}
+			sc.add(ruleLimit(&c.rule.Limits[j]), h, c.rule.ShadowMode)
+		}
+		c.n = len(c.rule.Limits)
 	}
 	// Keys are sliced only now: appending may have moved the buffer.
 	start := 0
-	for i := range sc.checks {
-		if c := &sc.checks[i]; c.kind == counted {
-			sc.reqs[c.req].Key = sc.keys[start:c.keyEnd]
-			start = c.keyEnd
-		}
+	for i := range sc.reqs {
+		sc.reqs[i].Key = sc.keys[start:sc.keyEnds[i]]
+		start = sc.keyEnds[i]
+	}
+	if cap(sc.decisions) < len(sc.reqs) {
+		sc.decisions = make([]algo.Decision, len(sc.reqs))
 	}
 	sc.decisions = sc.decisions[:len(sc.reqs)]
 }
 
-// replacedBy reports whether any matched rule in checks replaces name.
-func replacedBy(checks []check, name string) bool {
+// add appends a backend request under limit l, its key the descriptor
+// just appended to sc.keys.
+func (sc *scratch) add(l algo.Limit, hits uint64, shadow bool) {
+	sc.keys = key.AppendLimit(sc.keys, l)
+	sc.keyEnds = append(sc.keyEnds, len(sc.keys))
+	sc.reqs = append(sc.reqs, algo.Request{Limit: l, Hits: hits, Shadow: shadow})
+}
+
+// replacedBy reports whether any matched rule in checks replaces a name of
+// rule r.
+func replacedBy(checks []check, r *config.Rule) bool {
 	for i := range checks {
-		if r := checks[i].rule; r != nil && slices.Contains(r.Replaces, name) {
-			return true
+		if other := checks[i].rule; other != nil {
+			for _, name := range other.Replaces {
+				if r.HasName(name) {
+					return true
+				}
+			}
 		}
 	}
 	return false
 }
 
-// appendKey appends the state key of descriptor d under limit l. Entries
-// that matched a wildcard with share_threshold contribute the pattern, so
-// every matching value shares one counter.
-func appendKey(dst []byte, domain string, d *rlv3.RateLimitDescriptor, r *config.Rule, l algo.Limit) []byte {
+// mostRestrictive returns the index of the decision that describes a
+// descriptor decided under several limits: among refused decisions the one
+// with the longest RetryAfter; when all are allowed, the one with the
+// least Remaining. Ties go to the longer ResetAfter, then to the first.
+func mostRestrictive(ds []algo.Decision) int {
+	best := 0
+	for i := 1; i < len(ds); i++ {
+		a, b := &ds[i], &ds[best]
+		var more bool
+		switch {
+		case a.Allowed != b.Allowed:
+			more = !a.Allowed
+		case !a.Allowed && a.RetryAfter != b.RetryAfter:
+			more = a.RetryAfter > b.RetryAfter
+		case a.Allowed && a.Remaining != b.Remaining:
+			more = a.Remaining < b.Remaining
+		default:
+			more = a.ResetAfter > b.ResetAfter
+		}
+		if more {
+			best = i
+		}
+	}
+	return best
+}
+
+// appendDescriptor appends the start of the state keys of descriptor d:
+// its domain and entries, to be ended by a limit. Entries that matched a
+// wildcard with share_threshold contribute the pattern, so every matching
+// value shares one counter.
+func appendDescriptor(dst []byte, domain string, d *rlv3.RateLimitDescriptor, r *config.Rule) []byte {
 	dst = key.AppendDomain(dst, domain)
 	for i, e := range d.Entries {
 		if r != nil && r.Path[i].ShareThreshold {
@@ -201,16 +259,16 @@ func appendKey(dst []byte, domain string, d *rlv3.RateLimitDescriptor, r *config
 			dst = key.AppendEntry(dst, e.Key, e.Value)
 		}
 	}
-	return key.AppendLimit(dst, l)
+	return dst
 }
 
-// ruleLimit is the limit a rule asks for, in the form the algorithms take.
-func ruleLimit(r *config.Rule) algo.Limit {
+// ruleLimit is a limit of a rule in the form the algorithms take.
+func ruleLimit(l *config.Limit) algo.Limit {
 	return algo.Limit{
-		Algorithm: algorithm(r.Algorithm),
-		Requests:  uint64(r.RequestsPerUnit),
-		Window:    r.Window,
-		Burst:     r.Burst,
+		Algorithm: algorithm(l.Algorithm),
+		Requests:  uint64(l.RequestsPerUnit),
+		Window:    l.Window,
+		Burst:     l.Burst,
 	}
 }
 
@@ -245,8 +303,10 @@ func overrideLimit(o *rlv3.RateLimitDescriptor_RateLimitOverride) algo.Limit {
 	return algo.Limit{Algorithm: algo.FixedWindow, Requests: uint64(o.RequestsPerUnit), Window: window}
 }
 
-// currentLimit describes a counted check's limit for the response.
-func currentLimit(c *check) *rlsv3.RateLimitResponse_RateLimit {
+// currentLimit describes limit i of a counted check for the response: its
+// requests_per_unit, unit and unit_multiplier as the rule file wrote them,
+// whatever the algorithm.
+func currentLimit(c *check, i int) *rlsv3.RateLimitResponse_RateLimit {
 	if o := c.override; o != nil {
 		cl := &rlsv3.RateLimitResponse_RateLimit{
 			RequestsPerUnit: o.RequestsPerUnit,
@@ -257,14 +317,14 @@ func currentLimit(c *check) *rlsv3.RateLimitResponse_RateLimit {
 		}
 		return cl
 	}
-	r := c.rule
+	l := &c.rule.Limits[i]
 	cl := &rlsv3.RateLimitResponse_RateLimit{
-		Name:            r.Name,
-		RequestsPerUnit: r.RequestsPerUnit,
-		Unit:            responseUnit(r.Unit),
+		Name:            l.Name,
+		RequestsPerUnit: l.RequestsPerUnit,
+		Unit:            responseUnit(l.Unit),
 	}
-	if r.UnitMultiplier > 1 {
-		cl.UnitMultiplier = wrapperspb.UInt32(r.UnitMultiplier)
+	if l.UnitMultiplier > 1 {
+		cl.UnitMultiplier = wrapperspb.UInt32(l.UnitMultiplier)
 	}
 	return cl
 }
@@ -320,6 +380,7 @@ func (s *Service) getScratch(n int) *scratch {
 	sc.reqs = sc.reqs[:0]
 	sc.decisions = sc.decisions[:cap(sc.decisions)]
 	sc.keys = sc.keys[:0]
+	sc.keyEnds = sc.keyEnds[:0]
 	return sc
 }
 

@@ -74,6 +74,11 @@ descriptors:
     quota_mode: true
     metadata: {backend: small}
     rate_limit: {unit: minute, requests_per_unit: 7}
+  - key: user
+    rate_limits:
+      - {name: user_per_second, requests_per_unit: 10, unit: second}
+      - {name: user_per_hour, requests_per_unit: 1000, unit: hour, algorithm: sliding_window_counter}
+      - {requests_per_unit: 50, unit: minute, unit_multiplier: 2, algorithm: gcra, burst: 5}
 `
 
 type fixture struct {
@@ -639,6 +644,10 @@ descriptors:
         rate_limit: {unit: second, requests_per_unit: 4294967295}
   - key: to_number
     rate_limit: {unit: second, requests_per_unit: 4294967295}
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 4294967295}
+      - {unit: hour, requests_per_unit: 4294967295}
 `
 
 func BenchmarkShouldRateLimit(b *testing.B) {
@@ -653,6 +662,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		"one_descriptor":  request("messaging", desc("to_number", "2061111111")),
 		"two_descriptors": request("messaging", desc("message_type", "marketing", "to_number", "2061111111"), desc("to_number", "2061111111")),
 		"no_match":        request("messaging", desc("color", "red")),
+		"two_limits":      request("messaging", desc("user", "2061111111")),
 	} {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
