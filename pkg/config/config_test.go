@@ -153,8 +153,27 @@ func TestExamplesLoad(t *testing.T) {
 	for _, d := range rules.Domains() {
 		names = append(names, d.Name)
 	}
-	if want := []string{"accounts", "auth", "messaging", "posts", "rewards"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"accounts", "algorithms", "api", "auth", "messaging", "posts", "rewards"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("example domains %v, want %v", names, want)
+	}
+	// Every algorithm, and a rule with several limits, has an example.
+	shown := map[Algorithm]bool{}
+	several := false
+	for _, d := range rules.Domains() {
+		for _, r := range d.Rules() {
+			for _, l := range r.Limits {
+				shown[l.Algorithm] = true
+			}
+			several = several || len(r.Limits) > 1
+		}
+	}
+	for _, a := range Algorithms() {
+		if !shown[a] {
+			t.Errorf("no example rule uses %v", a)
+		}
+	}
+	if !several {
+		t.Error("no example rule has rate_limits")
 	}
 }
 

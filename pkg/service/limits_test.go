@@ -344,3 +344,47 @@ func TestRuleLimitsPassAlgoCheck(t *testing.T) {
 		t.Errorf("%d of 20000 limits loaded: the cases do not probe both sides of the bounds", loaded)
 	}
 }
+
+// TestExamples checks what the comments of examples/algorithms.yaml and
+// examples/api.yaml say: how many hits each rule admits at once.
+func TestExamples(t *testing.T) {
+	rules, err := config.Load("../../examples")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		domain, key string
+		admits      int
+		refusedBy   string
+	}{
+		{"api", "user_id", 10, "requests_per_user_per_second"},
+		{"algorithms", "search_user", 100, "searches_per_user"},
+		{"algorithms", "api_key", 1000, "calls_per_api_key"},
+		{"algorithms", "upload_user", 20, "uploads_per_user"},
+		{"algorithms", "webhook_endpoint", 10, "webhooks_per_endpoint"},
+		{"algorithms", "login_ip", 3, "logins_per_ip"},
+		{"algorithms", "reset_account", 3, "password_resets_per_account"},
+	}
+	for _, c := range cases {
+		t.Run(c.domain+"/"+c.key, func(t *testing.T) {
+			f := newFixture(t, "domain: unused\n")
+			f.svc.SetRules(rules)
+			admitted := 0
+			for {
+				st := f.call(t, request(c.domain, desc(c.key, "x"))).Statuses[0]
+				if st.Code == over {
+					if st.CurrentLimit.GetName() != c.refusedBy {
+						t.Errorf("refused by %q, want %q", st.CurrentLimit.GetName(), c.refusedBy)
+					}
+					break
+				}
+				if admitted++; admitted > c.admits {
+					break
+				}
+			}
+			if admitted != c.admits {
+				t.Errorf("admitted %d at once, want %d", admitted, c.admits)
+			}
+		})
+	}
+}
