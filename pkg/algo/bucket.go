@@ -13,7 +13,7 @@ func tokenBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
 	tokens, last := b, at
 	if s.Time != 0 {
-		tokens, last = min(s.Count, b), inst{s.Time, s.Frac}
+		tokens, last = min(s.Count, b), r.stored(s.Time, s.Frac)
 		switch {
 		case last.cmp(at) > 0:
 			if r.sub(last, at).cmp(inst{w, 0}) > 0 {
@@ -63,7 +63,7 @@ func leakyBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 		return refuseAll(s, hits)
 	}
 	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
-	level, last := s.Count, inst{s.Time, s.Frac}
+	level, last := s.Count, r.stored(s.Time, s.Frac)
 	switch {
 	case level <= 0:
 		level, last = 0, at
@@ -115,7 +115,7 @@ func gcra(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	}
 	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
 	limit := r.cost(b) // the furthest the TAT may be ahead of now
-	tat := inst{s.Time, s.Frac}
+	tat := r.stored(s.Time, s.Frac)
 	if tat.cmp(at) < 0 || r.sub(tat, at).cmp(inst{limit.us + w, limit.f}) > 0 {
 		tat = at
 	}

@@ -68,6 +68,13 @@ func newRate(l Limit) rate {
 // with 0 ≤ f < N.
 type inst struct{ us, f int64 }
 
+// stored returns the instant a state stores as us + f/N µs. A fraction
+// stored under a larger N (the rule changed) is cut to the largest of this
+// one, less than 1 µs off.
+func (r rate) stored(us, f int64) inst {
+	return inst{us, min(max(f, 0), r.n-1)}
+}
+
 // cost returns the emission time of k hits, k·T.
 func (r rate) cost(k int64) inst {
 	x := k * r.wr

@@ -40,6 +40,12 @@ local function new_rate(n, w)
   return {n = n, wq = wq, wr = wr}
 end
 
+-- stored returns the instant a state stores as us + f/N; a fraction stored
+-- under a larger N (the rule changed) is cut to the largest of this one.
+local function stored(r, us, f)
+  return us, min(max(f, 0), r.n - 1)
+end
+
 -- cost returns k*T.
 local function cost(r, k)
   local q, f = divmod(k * r.wr, r.n)

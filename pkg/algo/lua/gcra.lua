@@ -9,7 +9,7 @@ do
     end
     local r, b = new_rate(l.n, l.w), l.b
     local lim_us, lim_f = cost(r, b) -- the furthest the TAT may be ahead
-    local tus, tf = s.t, s.f
+    local tus, tf = stored(r, s.t, s.f)
     if cmp(tus, tf, now, 0) < 0 then
       tus, tf = now, 0
     else

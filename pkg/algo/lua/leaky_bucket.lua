@@ -9,7 +9,8 @@ do
       return s, false, 0, 0, NEVER, 0
     end
     local r, b = new_rate(l.n, l.w), l.b
-    local level, lus, lf = s.c, s.t, s.f
+    local level = s.c
+    local lus, lf = stored(r, s.t, s.f)
     if level <= 0 then
       level, lus, lf = 0, now, 0
     elseif cmp(lus, lf, now, 0) > 0 then

@@ -11,7 +11,8 @@ do
     local r, b = new_rate(l.n, l.w), l.b
     local tokens, lus, lf = b, now, 0
     if s.t ~= 0 then
-      tokens, lus, lf = min(s.c, b), s.t, s.f
+      tokens = min(s.c, b)
+      lus, lf = stored(r, s.t, s.f)
       if cmp(lus, lf, now, 0) > 0 then
         local aus, af = sub(r, lus, lf, now, 0)
         if cmp(aus, af, l.w, 0) > 0 then

@@ -113,6 +113,46 @@ func TestGoAndLuaAgree(t *testing.T) {
 	}
 }
 
+// TestGoAndLuaAgreeWhenARuleChanges changes a bucket rule's N under a key
+// whose stored instant carries a fraction of a microsecond in units of the
+// old 1/N: Go and Lua must read it the same way.
+func TestGoAndLuaAgreeWhenARuleChanges(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	steps := []struct {
+		at   time.Duration
+		n    uint64
+		hits uint64
+	}{
+		{0, 3, 3},
+		{333334 * time.Microsecond, 3, 1}, // refilled at 333 333⅓ µs
+		{666667 * time.Microsecond, 3, 1}, // at 666 666⅔ µs: fraction 2/3
+		{700 * time.Millisecond, 2, 0},    // 2/3 in halves: cut to 1/2
+		{700 * time.Millisecond, 2, 1},
+		{1500 * time.Millisecond, 2, 2},
+	}
+	for _, a := range []algo.Algorithm{algo.TokenBucket, algo.LeakyBucket, algo.GCRA} {
+		now := algotest.Epoch
+		mem := memory.New(memory.Options{Now: func() time.Time { return now }, SweepInterval: -1})
+		defer mem.Close()
+		lua := testBackend(t, c)
+		for i, st := range steps {
+			now = algotest.Epoch.Add(st.at)
+			reqs := []algo.Request{{Key: []byte("k"), Limit: algo.Limit{Algorithm: a, Requests: st.n, Window: time.Second}, Hits: st.hits}}
+			var want, got [1]algo.Decision
+			if err := mem.Decide(ctx, reqs, want[:]); err != nil {
+				t.Fatal(err)
+			}
+			if err := lua.decide(ctx, now, reqs, got[:]); err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Fatalf("%v step %d: Lua %s, Go %s", a, i, algotest.Format(got[0]), algotest.Format(want[0]))
+			}
+		}
+	}
+}
+
 // randomLimit returns a small limit, so that random batches reach its
 // boundaries often. Windows are whole milliseconds or odd microseconds.
 func randomLimit(rng *rand.Rand, a algo.Algorithm) algo.Limit {
