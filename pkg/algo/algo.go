@@ -62,10 +62,10 @@ type Decision struct {
 // the algorithm's own (see each [Algorithm]); times are integer microseconds
 // since the Unix epoch. Backends store a State whole and never look inside.
 //
-// A State returned by [Step] may share Log's backing array with the State it
-// was computed from: Step never changes the entries its input can see, but
-// it may write past their end. A caller that keeps two states computed from
-// one input must copy Log.
+// The state [Step] leaves may share Log's backing array with the state it
+// replaced: Step never changes the entries the old state can see, but it
+// may write past their end. A caller that derives two states from one must
+// copy Log.
 type State struct {
 	Time  int64
 	Count int64

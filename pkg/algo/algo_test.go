@@ -6,6 +6,12 @@ import (
 	"time"
 )
 
+// step is Step by value: the new state when allowed, else s.
+func step(s State, now time.Time, l Limit, hits uint64) (State, Decision) {
+	d := Step(&s, now, l, hits)
+	return s, d
+}
+
 // epoch is an arbitrary instant on a whole minute, so aligned windows of a
 // second or a minute start exactly there.
 var epoch = time.Unix(1_700_000_040, 0)
@@ -23,7 +29,7 @@ func TestFixedWindowNeverExceedsLimit(t *testing.T) {
 		for range 300 {
 			at = at.Add(time.Duration(rng.Int64N(int64(l.Window / 3))))
 			hits := rng.Uint64N(4)
-			next, d := Step(s, at, l, hits)
+			next, d := step(s, at, l, hits)
 			w := at.UnixMicro() - at.UnixMicro()%l.Window.Microseconds()
 			if d.Allowed {
 				admitted[w] += hits
@@ -57,7 +63,7 @@ func TestAlgorithmNames(t *testing.T) {
 
 func TestStepUnknownAlgorithmRefuses(t *testing.T) {
 	s := State{Time: 1, Count: 1}
-	next, d := Step(s, epoch, Limit{Algorithm: 200, Requests: 10, Window: time.Second}, 1)
+	next, d := step(s, epoch, Limit{Algorithm: 200, Requests: 10, Window: time.Second}, 1)
 	if d.Allowed || d.RetryAfter != Never || !next.Equal(s) {
 		t.Errorf("unknown algorithm: got %+v and state %+v, want a refusal leaving the state alone", d, next)
 	}
@@ -74,7 +80,7 @@ func BenchmarkStep(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				now = now.Add(time.Microsecond)
-				s, _ = Step(s, now, l, 1)
+				Step(&s, now, l, 1)
 			}
 		})
 	}

@@ -6,9 +6,9 @@ package algo
 // then earns nothing until the clock passes it again, unless the refill
 // lies more than a window ahead, when the state is void, as if the bucket
 // had refilled.
-func tokenBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
+func tokenBucket(s *State, now int64, l Limit, hits uint64) Decision {
 	if l.Requests == 0 {
-		return refuseAll(s, hits)
+		return refuseAll(hits)
 	}
 	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
 	tokens, last := b, at
@@ -40,17 +40,17 @@ func tokenBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	switch {
 	case hits == 0:
 		d.Allowed = true
-		return s, d
+		return d
 	case hits > uint64(b):
 		d.RetryAfter = Never
-		return s, d
+		return d
 	case int64(hits) > tokens:
 		d.RetryAfter = micros(r.sub(r.add(last, r.cost(int64(hits)-tokens)), at).ceil())
-		return s, d
+		return d
 	}
 	tokens -= int64(hits)
-	return State{Time: last.us, Frac: last.f, Count: tokens},
-		Decision{Allowed: true, Remaining: uint64(tokens), ResetAfter: micros(full(tokens))}
+	*s = State{Time: last.us, Frac: last.f, Count: tokens}
+	return Decision{Allowed: true, Remaining: uint64(tokens), ResetAfter: micros(full(tokens))}
 }
 
 // leakyBucket is the step of [LeakyBucket]. now is in microseconds.
@@ -58,9 +58,9 @@ func tokenBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 // A clock that steps back finds the last leak in its future: the queue then
 // does not drain until the clock passes it again, unless the leak lies more
 // than a window ahead, when the state is void.
-func leakyBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
+func leakyBucket(s *State, now int64, l Limit, hits uint64) Decision {
 	if l.Requests == 0 {
-		return refuseAll(s, hits)
+		return refuseAll(hits)
 	}
 	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
 	level, last := s.Count, r.stored(s.Time, s.Frac)
@@ -89,18 +89,18 @@ func leakyBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	switch {
 	case hits == 0:
 		d.Allowed = true
-		return s, d
+		return d
 	case hits > uint64(b):
 		d.RetryAfter = Never
-		return s, d
+		return d
 	case level+int64(hits) > b:
 		d.RetryAfter = micros(drained(level + int64(hits) - b))
-		return s, d
+		return d
 	}
 	wait := d.ResetAfter
 	level += int64(hits)
-	return State{Time: last.us, Frac: last.f, Count: level},
-		Decision{Allowed: true, Remaining: uint64(b - level), ResetAfter: micros(drained(level)), Wait: wait}
+	*s = State{Time: last.us, Frac: last.f, Count: level}
+	return Decision{Allowed: true, Remaining: uint64(b - level), ResetAfter: micros(drained(level)), Wait: wait}
 }
 
 // gcra is the step of [GCRA]. now is in microseconds.
@@ -109,9 +109,9 @@ func leakyBucket(s State, now int64, l Limit, hits uint64) (State, Decision) {
 // ahead, which counts as hits spent: the key is refused for up to the step.
 // A TAT more than a window further ahead than a full burst can put it is
 // void.
-func gcra(s State, now int64, l Limit, hits uint64) (State, Decision) {
+func gcra(s *State, now int64, l Limit, hits uint64) Decision {
 	if l.Requests == 0 {
-		return refuseAll(s, hits)
+		return refuseAll(hits)
 	}
 	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
 	limit := r.cost(b) // the furthest the TAT may be ahead of now
@@ -125,17 +125,17 @@ func gcra(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	switch {
 	case hits == 0:
 		d.Allowed = true
-		return s, d
+		return d
 	case hits > uint64(b):
 		d.RetryAfter = Never
-		return s, d
+		return d
 	}
 	next := r.add(tat, r.cost(int64(hits)))
 	ahead = r.sub(next, at)
 	if ahead.cmp(limit) > 0 {
 		d.RetryAfter = micros(r.sub(ahead, limit).ceil())
-		return s, d
+		return d
 	}
-	return State{Time: next.us, Frac: next.f},
-		Decision{Allowed: true, Remaining: uint64(b - r.hitsIn(ahead, b)), ResetAfter: micros(ahead.ceil())}
+	*s = State{Time: next.us, Frac: next.f}
+	return Decision{Allowed: true, Remaining: uint64(b - r.hitsIn(ahead, b)), ResetAfter: micros(ahead.ceil())}
 }

@@ -19,10 +19,9 @@ func (s *stepper) Decide(_ context.Context, now time.Time, reqs []algo.Request, 
 		return errors.New("stepper decides one request at a time")
 	}
 	r := reqs[0]
-	next, d := algo.Step(s.states[string(r.Key)], now, r.Limit, r.Hits)
-	if d.Allowed {
-		s.states[string(r.Key)] = next
-	}
+	st := s.states[string(r.Key)]
+	d := algo.Step(&st, now, r.Limit, r.Hits)
+	s.states[string(r.Key)] = st
 	out[0] = d
 	return nil
 }

@@ -10,7 +10,7 @@ import "math"
 // holds it shut for long. A stored window further ahead is void, as if the
 // window had passed; freezing a key for as long as the clock stepped back
 // would be worse.
-func fixedWindow(s State, now int64, l Limit, hits uint64) (State, Decision) {
+func fixedWindow(s *State, now int64, l Limit, hits uint64) Decision {
 	w := windowMicros(l)
 	start := now - floorMod(now, w)
 	if s.Time > start && s.Time-start <= w {
@@ -35,9 +35,10 @@ func fixedWindow(s State, now int64, l Limit, hits uint64) (State, Decision) {
 			d.ResetAfter = micros(end - now)
 		}
 		if hits == 0 {
-			return s, d
+			return d
 		}
-		return State{Time: start, Count: int64(used)}, d
+		*s = State{Time: start, Count: int64(used)}
+		return d
 	}
 
 	d := Decision{Remaining: remaining, RetryAfter: micros(end - now)}
@@ -47,7 +48,7 @@ func fixedWindow(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	if hits > n {
 		d.RetryAfter = Never
 	}
-	return s, d
+	return d
 }
 
 // floorMod returns x mod m in [0, m) for m > 0, also for negative x.

@@ -48,7 +48,7 @@ func randomRun(rng *rand.Rand, l Limit, n int) []event {
 		if rng.IntN(20) == 0 {
 			hits = l.capacity() + 1
 		}
-		next, d := Step(s, time.UnixMicro(at), l, hits)
+		next, d := step(s, time.UnixMicro(at), l, hits)
 		// The checks derive more states from before and after: they get
 		// their own logs (see State).
 		e := event{at: at, hits: hits, before: clone(s), d: d, after: clone(s)}
@@ -152,18 +152,18 @@ func checkFigures(l Limit, events []event) error {
 	for i, e := range events {
 		now := time.UnixMicro(e.at)
 		if e.d.Remaining > 0 {
-			if _, d := Step(e.after, now, l, e.d.Remaining); !d.Allowed {
+			if _, d := step(e.after, now, l, e.d.Remaining); !d.Allowed {
 				return fmt.Errorf("event %d: remaining %d, but %d hits were refused", i, e.d.Remaining, e.d.Remaining)
 			}
 		}
-		if _, d := Step(e.after, now, l, e.d.Remaining+1); d.Allowed {
+		if _, d := step(e.after, now, l, e.d.Remaining+1); d.Allowed {
 			return fmt.Errorf("event %d: remaining %d, but %d hits were admitted", i, e.d.Remaining, e.d.Remaining+1)
 		}
 		if !e.d.Allowed && e.d.RetryAfter != Never {
-			if _, d := Step(e.before, now.Add(e.d.RetryAfter), l, e.hits); !d.Allowed {
+			if _, d := step(e.before, now.Add(e.d.RetryAfter), l, e.hits); !d.Allowed {
 				return fmt.Errorf("event %d: %d hits refused again at retry-after %v", i, e.hits, e.d.RetryAfter)
 			}
-			if _, d := Step(e.before, now.Add(e.d.RetryAfter-time.Microsecond), l, e.hits); d.Allowed {
+			if _, d := step(e.before, now.Add(e.d.RetryAfter-time.Microsecond), l, e.hits); d.Allowed {
 				return fmt.Errorf("event %d: %d hits admitted before retry-after %v", i, e.hits, e.d.RetryAfter)
 			}
 		}
@@ -172,14 +172,14 @@ func checkFigures(l Limit, events []event) error {
 		}
 		reset := now.Add(e.d.ResetAfter)
 		for _, h := range []uint64{0, 1, capacity} {
-			_, got := Step(e.after, reset, l, h)
-			_, fresh := Step(State{}, reset, l, h)
+			_, got := step(e.after, reset, l, h)
+			_, fresh := step(State{}, reset, l, h)
 			if got != fresh {
 				return fmt.Errorf("event %d: at reset-after %v, %d hits got %+v, a fresh key %+v", i, e.d.ResetAfter, h, got, fresh)
 			}
 		}
 		if l.Algorithm == LeakyBucket && e.d.Allowed && e.hits > 0 {
-			if _, peek := Step(e.before, now, l, 0); e.d.Wait != peek.ResetAfter {
+			if _, peek := step(e.before, now, l, 0); e.d.Wait != peek.ResetAfter {
 				return fmt.Errorf("event %d: wait %v, but the queue ahead drains in %v", i, e.d.Wait, peek.ResetAfter)
 			}
 		}
@@ -203,7 +203,7 @@ func TestBucketsAgree(t *testing.T) {
 			for k, a := range []Algorithm{TokenBucket, LeakyBucket, GCRA} {
 				la := l
 				la.Algorithm = a
-				next, d := Step(states[k], at, la, hits)
+				next, d := step(states[k], at, la, hits)
 				if d.Allowed {
 					states[k] = next
 				}
@@ -246,7 +246,7 @@ func TestSlidingWindowCounterError(t *testing.T) {
 			var admitted []event
 			for _, t := range at {
 				for {
-					next, d := Step(s, time.UnixMicro(t), l, 1)
+					next, d := step(s, time.UnixMicro(t), l, 1)
 					if !d.Allowed {
 						break
 					}

@@ -5,17 +5,17 @@ import (
 	"time"
 )
 
-// Step applies hits to state s at time now under limit l and returns the
-// new state and the decision. It is a pure function: when the decision is
-// not allowed, or hits is zero, the returned state equals s, and a backend
-// that does not store the returned state (because the batch was refused)
-// loses nothing. Hits of zero are always allowed and report the state as
-// it stands. A limit that fails [Limit.Check] refuses every request.
+// Step applies hits to the state *s at time now under limit l and returns
+// the decision. When the decision is allowed and hits is not zero, *s
+// becomes the new state; otherwise *s is left as it was, so a backend that
+// refuses a batch keeps every state it had. Step reads no clock and touches
+// no storage. Hits of zero are always allowed and report the state as it
+// stands. A limit that fails [Limit.Check] refuses every request.
 //
 // now must be after the Unix epoch: a zero State means "never seen".
-func Step(s State, now time.Time, l Limit, hits uint64) (State, Decision) {
+func Step(s *State, now time.Time, l Limit, hits uint64) Decision {
 	if l.Check() != nil {
-		return s, Decision{RetryAfter: Never}
+		return Decision{RetryAfter: Never}
 	}
 	t := now.UnixMicro()
 	switch l.Algorithm {
@@ -36,17 +36,17 @@ func Step(s State, now time.Time, l Limit, hits uint64) (State, Decision) {
 	default:
 		// Unreachable for limits built from validated rules; refusing is
 		// the safe answer for a limit nobody can evaluate.
-		return s, Decision{RetryAfter: Never}
+		return Decision{RetryAfter: Never}
 	}
 }
 
 // refuseAll is the decision of a limit that admits nothing (N = 0): hits of
 // zero are allowed, any other hits never will be.
-func refuseAll(s State, hits uint64) (State, Decision) {
+func refuseAll(hits uint64) Decision {
 	if hits == 0 {
-		return s, Decision{Allowed: true}
+		return Decision{Allowed: true}
 	}
-	return s, Decision{RetryAfter: Never}
+	return Decision{RetryAfter: Never}
 }
 
 // The bucket algorithms keep instants exactly, as whole microseconds plus a

@@ -12,7 +12,7 @@ import (
 // (seed 001's script refilled when the elapsed time was zero). A clock that
 // steps back keeps counting a window that started up to W in its future;
 // a window further ahead is void.
-func burstFill(s State, now int64, l Limit, hits uint64) (State, Decision) {
+func burstFill(s *State, now int64, l Limit, hits uint64) Decision {
 	w := windowMicros(l)
 	n := min(l.Requests, math.MaxInt64)
 	start, used := now, uint64(0)
@@ -27,16 +27,16 @@ func burstFill(s State, now int64, l Limit, hits uint64) (State, Decision) {
 	switch {
 	case hits == 0:
 		d.Allowed = true
-		return s, d
+		return d
 	case hits > n:
 		d.RetryAfter = Never
-		return s, d
+		return d
 	case hits > remaining:
 		d.RetryAfter = micros(start + w - now)
-		return s, d
+		return d
 	}
-	return State{Time: start, Count: int64(used + hits)},
-		Decision{Allowed: true, Remaining: remaining - hits, ResetAfter: micros(start + w - now)}
+	*s = State{Time: start, Count: int64(used + hits)}
+	return Decision{Allowed: true, Remaining: remaining - hits, ResetAfter: micros(start + w - now)}
 }
 
 // slidingWindowLog is the step of [SlidingWindowLog]. now is in
@@ -45,7 +45,7 @@ func burstFill(s State, now int64, l Limit, hits uint64) (State, Decision) {
 // Entries at or before now−W have expired. A clock that steps back finds
 // entries in its future: those up to W ahead still count, until they
 // expire W after their instant; entries further ahead are void.
-func slidingWindowLog(s State, now int64, l Limit, hits uint64) (State, Decision) {
+func slidingWindowLog(s *State, now int64, l Limit, hits uint64) Decision {
 	w := windowMicros(l)
 	n := l.Requests
 	log := s.Log
@@ -61,14 +61,14 @@ func slidingWindowLog(s State, now int64, l Limit, hits uint64) (State, Decision
 	switch {
 	case hits == 0:
 		d.Allowed = true
-		return s, d
+		return d
 	case hits > n:
 		d.RetryAfter = Never
-		return s, d
+		return d
 	case hits > remaining:
 		// The same hits fit once the oldest count+hits−n entries expired.
 		d.RetryAfter = micros(live[count+hits-n-1] + w - now)
-		return s, d
+		return d
 	}
 
 	var next []int64
@@ -89,8 +89,8 @@ func slidingWindowLog(s State, now int64, l Limit, hits uint64) (State, Decision
 		}
 		next = append(next, live[at:]...)
 	}
-	return State{Log: next},
-		Decision{Allowed: true, Remaining: remaining - hits, ResetAfter: micros(next[len(next)-1] + w - now)}
+	*s = State{Log: next}
+	return Decision{Allowed: true, Remaining: remaining - hits, ResetAfter: micros(next[len(next)-1] + w - now)}
 }
 
 // slidingWindowCounter is the step of [SlidingWindowCounter]. now is in
@@ -100,7 +100,7 @@ func slidingWindowLog(s State, now int64, l Limit, hits uint64) (State, Decision
 // at a time, exactly as the Lua twin computes it: IEEE 754 rounds each
 // operation the same way in both. A clock that steps back behaves as for
 // [FixedWindow]: a stored window up to one window ahead keeps counting.
-func slidingWindowCounter(s State, now int64, l Limit, hits uint64) (State, Decision) {
+func slidingWindowCounter(s *State, now int64, l Limit, hits uint64) Decision {
 	w := windowMicros(l)
 	n := min(l.Requests, math.MaxInt64)
 	start := now - floorMod(now, w)
@@ -131,25 +131,25 @@ func slidingWindowCounter(s State, now int64, l Limit, hits uint64) (State, Deci
 	switch {
 	case hits == 0:
 		d.Allowed = true
-		return s, d
+		return d
 	case hits > n:
 		d.RetryAfter = Never
-		return s, d
+		return d
 	case hits > remaining:
 		// In this window, once the previous window's weight has fallen
 		// enough; else in the next, where this window's count weighs.
 		if room := int64(n) - curr - int64(hits); room >= 0 {
 			if e := fitWeight(prev, room, elapsed, w); e < w {
 				d.RetryAfter = micros(start + e - now)
-				return s, d
+				return d
 			}
 		}
 		d.RetryAfter = micros(start + w + fitWeight(curr, int64(n-hits), 0, w) - now)
-		return s, d
+		return d
 	}
 	curr += int64(hits)
-	return State{Time: start, Count: curr, Prev: prev},
-		Decision{Allowed: true, Remaining: remaining - hits, ResetAfter: micros(reset(curr))}
+	*s = State{Time: start, Count: curr, Prev: prev}
+	return Decision{Allowed: true, Remaining: remaining - hits, ResetAfter: micros(reset(curr))}
 }
 
 // weighted returns ceil(prev × (w−elapsed) / w), the previous window's

@@ -183,9 +183,9 @@ func (b *Backend) decideOne(now time.Time, r *algo.Request, out *algo.Decision) 
 	if e != nil && e.expires > nowUS {
 		st = e.state
 	}
-	next, d := algo.Step(st, now, r.Limit, r.Hits)
+	d := algo.Step(&st, now, r.Limit, r.Hits)
 	if d.Allowed && r.Hits > 0 {
-		sh.store(b, r.Key, e, next, nowUS+d.ResetAfter.Microseconds(), nowUS, nil)
+		sh.store(b, r.Key, e, st, nowUS+d.ResetAfter.Microseconds(), nowUS, nil)
 	}
 	sh.mu.Unlock()
 	*out = d
@@ -236,8 +236,8 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 				break
 			}
 		}
-		n, d := algo.Step(st, now, r.Limit, r.Hits)
-		next = append(next, n)
+		next = append(next, st)
+		d := algo.Step(&next[i], now, r.Limit, r.Hits)
 		out[i] = d
 		if !d.Allowed && !r.Shadow {
 			admit = false
@@ -260,7 +260,7 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 		// stands, not as earlier requests of this batch would have left it.
 		// Refused requests keep their refusal and retry-after.
 		for i := range reqs {
-			_, d := algo.Step(orig[i], now, reqs[i].Limit, 0)
+			d := algo.Step(&orig[i], now, reqs[i].Limit, 0)
 			if !out[i].Allowed {
 				d.Allowed, d.RetryAfter = false, out[i].RetryAfter
 			}
