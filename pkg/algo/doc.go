@@ -3,14 +3,16 @@
 // the [State] an algorithm keeps per key, and the [Backend] that stores state
 // and applies requests atomically.
 //
-// Each [Algorithm] is a pure step function of (state, now, limit, hits):
+// Each [Algorithm] is a step function of (state, now, limit, hits), [Step]:
 // it reads no clock and touches no storage, so the in-memory backend and the
-// Redis scripts (which mirror the same steps in Lua) can be proven against
-// the same test vectors. Backends only load and store state.
+// Lua twins of the Redis backend ([Script]) can be proven against the same
+// test vectors (package algotest). Backends only load and store state.
 //
-// Times in [State] are integer microseconds since the Unix epoch. Integers
-// never drift the way accumulated floating-point seconds do, and an int64 of
-// microseconds spans about ±292,000 years.
+// Times in [State] are integer microseconds since the Unix epoch, and the
+// bucket algorithms keep fractions of a microsecond as exact integers too:
+// nothing drifts the way accumulated floating-point seconds do. Every value
+// stays below 2^53, where the Lua twins' float64 numbers are exact: until
+// the year 2255.
 //
 // This package imports nothing else of ratelimitd.
 package algo
