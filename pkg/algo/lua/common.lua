@@ -121,7 +121,7 @@ end
 -- algorithms maps a rule-file name to its implementation:
 --   load(key, now, l) -> state     the state stored under key
 --   step(s, now, l, hits) -> next, allowed, remaining, reset_us, retry_us, wait_us
---   store(key, s, reset_us, ttl_ms) saves a state that was admitted
+--   store(key, s, now, l, ttl_ms) saves a state that was admitted
 -- where l = {n = N, w = W in us, b = B}. step is pure, as algo.Step is: it
 -- returns s itself when the request is refused or hits is 0.
 local algorithms = {}
@@ -144,7 +144,7 @@ local function string_state(fields)
     end
     return s
   end
-  local function store(key, s, reset_us, ttl_ms)
+  local function store(key, s, now, l, ttl_ms)
     local parts = {}
     for i, f in ipairs(fields) do
       parts[i] = fmt(s[f])

@@ -66,9 +66,8 @@ end
 
 if out[1] == 1 then
   for key, f in pairs(final) do
-    f.s.now = now
     if f.reset > 0 then
-      f.r.alg.store(key, f.s, f.reset, max(ceil(f.reset / 1000), min_ttl))
+      f.r.alg.store(key, f.s, now, f.r.l, max(ceil(f.reset / 1000), min_ttl))
     else
       redis.call('DEL', key)
     end

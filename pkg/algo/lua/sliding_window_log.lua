@@ -73,13 +73,13 @@ do
       if top == nil or now > top then
         top = now
       end
-      return {key = s.key, card = s.card, pending = s.pending + hits, w = w}, true, remaining - hits, top + w - now, 0, 0
+      return {key = s.key, card = s.card, pending = s.pending + hits}, true, remaining - hits, top + w - now, 0, 0
     end,
 
-    store = function(key, s, reset_us, ttl_ms)
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(s.now - s.w))
-      redis.call('ZREMRANGEBYSCORE', key, '(' .. fmt(s.now + s.w), '+inf')
-      local at = fmt(s.now)
+    store = function(key, s, now, l, ttl_ms)
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - l.w))
+      redis.call('ZREMRANGEBYSCORE', key, '(' .. fmt(now + l.w), '+inf')
+      local at = fmt(now)
       local logged = redis.call('ZCOUNT', key, at, at)
       -- In chunks: unpack is limited to a few thousand values.
       for from = 1, s.pending, 1000 do
