@@ -36,12 +36,18 @@
 // admitted requests: a refused request consumes nothing, so until the
 // admissible instant the inner backend refuses the same hits again, and
 // hits admitted meanwhile (by this process, which forgets the entry, or by
-// another replica) only push that instant later. Two figures are bounds,
-// not copies: for more hits than were refused RetryAfter is a lower bound,
-// and Remaining is the value at the refusal, which refills can only raise.
-// A store that forgets a key early (an operator's Reset, an eviction in
-// the store) is not seen: the remembered refusal lasts until its
-// admissible instant.
+// another replica, or by a request decided concurrently with the refusal)
+// only push that instant later, for a state read by the algorithm that
+// wrote it (package key puts the algorithm and window in the key). Two
+// figures are bounds, not copies: for more hits than were refused
+// RetryAfter is a lower bound, and Remaining is the value at the refusal,
+// which refills can only raise.
+//
+// A store that forgets a key before the RetryAfter it reported is not
+// seen: the remembered refusal lasts until its admissible instant. That
+// happens on an operator's Reset, an eviction in the store, and when a
+// rule reload lowers N or Burst of a bucket algorithm: the store expires
+// the state when it would be full under the limit that wrote it.
 //
 // A batch answered locally does not look at its context: it needs no I/O.
 // Errors of the inner backend are returned unchanged and touch no entry.
