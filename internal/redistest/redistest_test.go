@@ -1,0 +1,199 @@
+package redistest
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// client returns a go-redis client of opt, closed when t ends, that
+// fails fast: the servers here are on loopback.
+func client(t *testing.T, opt *redis.Options) *redis.Client {
+	t.Helper()
+	opt.Protocol, opt.DisableIdentity = 2, true
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 2*time.Second, 2*time.Second, 2*time.Second
+	opt.MaxRetries = -1
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestStartAnswersPing(t *testing.T) {
+	s := Start(t)
+	opt, err := redis.ParseURL(s.URL)
+	if err != nil {
+		t.Fatalf("ParseURL(%q): %v", s.URL, err)
+	}
+	if err := client(t, opt).Ping(ctx(t)).Err(); err != nil {
+		t.Fatalf("PING %s: %v", s.URL, err)
+	}
+}
+
+func TestNodeKillRestart(t *testing.T) {
+	n := StartNode(t, "--maxmemory", "10mb")
+	c := client(t, &redis.Options{Addr: n.Addr})
+	if got, err := c.ConfigGet(ctx(t), "maxmemory").Result(); err != nil || got["maxmemory"] != "10485760" {
+		t.Fatalf("CONFIG GET maxmemory = %v, %v; want the extra arg applied", got, err)
+	}
+	n.Kill(t)
+	if err := c.Ping(ctx(t)).Err(); err == nil {
+		t.Fatal("PING after Kill succeeded")
+	}
+	n.Kill(t) // a killed node: nothing to do
+	n.Restart(t)
+	if err := c.Ping(ctx(t)).Err(); err != nil {
+		t.Fatalf("PING after Restart: %v", err)
+	}
+	if got, err := c.ConfigGet(ctx(t), "maxmemory").Result(); err != nil || got["maxmemory"] != "10485760" {
+		t.Fatalf("after Restart CONFIG GET maxmemory = %v, %v; want the same command line", got, err)
+	}
+}
+
+func TestStartNodeReportsLog(t *testing.T) {
+	// A failed start is reported with redis-server's own words.
+	ft := &fakeT{TB: t}
+	func() {
+		defer func() { _ = recover() }()
+		StartNode(ft, "--no-such-option", "1")
+	}()
+	if !strings.Contains(ft.msg, "no-such-option") || !strings.Contains(ft.msg, "Bad directive") {
+		t.Fatalf("StartNode with a bad option failed with %q; want redis-server's message", ft.msg)
+	}
+}
+
+func TestStartWithTLS(t *testing.T) {
+	s := StartWith(t, Options{TLS: true})
+	if !strings.HasPrefix(s.URL, "rediss://") || s.CAFile == "" {
+		t.Fatalf("server = %+v; want a rediss:// URL and a CAFile", s)
+	}
+	pem, err := os.ReadFile(s.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		t.Fatalf("CAFile %s holds no PEM certificate", s.CAFile)
+	}
+	opt, err := redis.ParseURL(s.URL)
+	if err != nil {
+		t.Fatalf("ParseURL(%q): %v", s.URL, err)
+	}
+	opt.TLSConfig.RootCAs = pool
+	if err := client(t, opt).Ping(ctx(t)).Err(); err != nil {
+		t.Fatalf("PING over TLS with the CA: %v", err)
+	}
+	if err := client(t, &redis.Options{Addr: s.Addr}).Ping(ctx(t)).Err(); err == nil {
+		t.Fatal("PING without TLS succeeded")
+	}
+	if err := client(t, &redis.Options{Addr: s.Addr, TLSConfig: &tls.Config{}}).Ping(ctx(t)).Err(); err == nil {
+		t.Fatal("PING over TLS without trusting the CA succeeded")
+	}
+}
+
+func TestStartWithACL(t *testing.T) {
+	s := StartWith(t, Options{User: "app", Password: "s3cret"})
+	if !strings.HasPrefix(s.URL, "redis://app:s3cret@") {
+		t.Fatalf("URL = %q; want redis://app:s3cret@...", s.URL)
+	}
+	opt, err := redis.ParseURL(s.URL)
+	if err != nil {
+		t.Fatalf("ParseURL(%q): %v", s.URL, err)
+	}
+	if err := client(t, opt).Ping(ctx(t)).Err(); err != nil {
+		t.Fatalf("PING as app: %v", err)
+	}
+	err = client(t, &redis.Options{Addr: s.Addr}).Ping(ctx(t)).Err()
+	if err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+		t.Fatalf("PING without a password: %v; want NOAUTH", err)
+	}
+	err = client(t, &redis.Options{Addr: s.Addr, Username: "app", Password: "wrong"}).Ping(ctx(t)).Err()
+	if err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Fatalf("PING with a wrong password: %v; want WRONGPASS", err)
+	}
+	err = client(t, &redis.Options{Addr: s.Addr, Password: "s3cret"}).Ping(ctx(t)).Err()
+	if err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Fatalf("PING as the default user: %v; want WRONGPASS (it is off)", err)
+	}
+}
+
+func TestStartWithTLSAndPassword(t *testing.T) {
+	s := StartWith(t, Options{TLS: true, Password: "pw"})
+	if !strings.HasPrefix(s.URL, "rediss://:pw@") {
+		t.Fatalf("URL = %q; want rediss://:pw@...", s.URL)
+	}
+	opt, err := redis.ParseURL(s.URL)
+	if err != nil {
+		t.Fatalf("ParseURL(%q): %v", s.URL, err)
+	}
+	pem, _ := os.ReadFile(s.CAFile)
+	opt.TLSConfig.RootCAs = x509.NewCertPool()
+	opt.TLSConfig.RootCAs.AppendCertsFromPEM(pem)
+	if err := client(t, opt).Ping(ctx(t)).Err(); err != nil {
+		t.Fatalf("PING over TLS with the password: %v", err)
+	}
+}
+
+// The fall-through paths run with a PATH that holds no real
+// redis-server, and without CI=true, so they skip rather than fail.
+
+func TestStartWithoutRedisServerSkips(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	t.Setenv("REDIS_URL", "")
+	t.Setenv("CI", "")
+	var s *Server
+	t.Run("start", func(t *testing.T) { s = Start(t) })
+	// Where a Docker engine answers, Start ran a container instead;
+	// here (Docker CLI, no engine) it must skip, not fail.
+	if s != nil {
+		t.Logf("a Docker engine answered: Start gave %s", s.URL)
+	}
+}
+
+func TestStartWithTLSUnsupportedSkips(t *testing.T) {
+	dir := t.TempDir()
+	fake := "#!/bin/sh\n" +
+		"echo '*** FATAL CONFIG FILE ERROR (Redis 7.0.15) ***' >&2\n" +
+		"echo \">>> 'tls-port \\\"1\\\"'\" >&2\n" +
+		"echo 'Bad directive or wrong number of arguments' >&2\n" +
+		"exit 1\n"
+	if err := os.WriteFile(filepath.Join(dir, "redis-server"), []byte(fake), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	t.Setenv("CI", "")
+	skipped := false
+	t.Run("start", func(t *testing.T) {
+		defer func() { skipped = t.Skipped() }()
+		StartWith(t, Options{TLS: true})
+	})
+	if !skipped {
+		t.Fatal("StartWith(TLS) on a redis-server without TLS did not skip")
+	}
+}
+
+// fakeT records the message of Fatalf and stops the caller with a panic.
+type fakeT struct {
+	testing.TB
+	msg string
+}
+
+func (f *fakeT) Helper() {}
+
+func (f *fakeT) Fatalf(format string, args ...any) {
+	f.msg = strings.TrimSpace(fmt.Sprintf(format, args...))
+	panic(f)
+}

@@ -1,0 +1,91 @@
+package redistest
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// certFiles are the PEM files of a throwaway CA and of a server
+// certificate it signed, and a client config that trusts the CA.
+type certFiles struct {
+	ca, cert, key string
+	client        *tls.Config
+}
+
+// writeCerts makes a CA and a certificate for 127.0.0.1, ::1 and
+// localhost, valid for a day, and writes them in dir.
+func writeCerts(dir string) (certFiles, error) {
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return certFiles{}, err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "redistest throwaway CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return certFiles{}, err
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return certFiles{}, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return certFiles{}, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "localhost"},
+		DNSNames:     []string{"localhost"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		// Client auth too: redis-server may present it on outgoing links.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return certFiles{}, err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return certFiles{}, err
+	}
+	f := certFiles{
+		ca:   filepath.Join(dir, "ca.pem"),
+		cert: filepath.Join(dir, "server.pem"),
+		key:  filepath.Join(dir, "server-key.pem"),
+	}
+	for _, w := range []struct {
+		path, typ string
+		der       []byte
+	}{{f.ca, "CERTIFICATE", caDER}, {f.cert, "CERTIFICATE", der}, {f.key, "PRIVATE KEY", keyDER}} {
+		b := pem.EncodeToMemory(&pem.Block{Type: w.typ, Bytes: w.der})
+		if err := os.WriteFile(w.path, b, 0o600); err != nil {
+			return certFiles{}, err
+		}
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	f.client = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return f, nil
+}
