@@ -75,6 +75,59 @@ func TestStartNodeReportsLog(t *testing.T) {
 	}
 }
 
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	c := StartCluster(t, 3)
+	if len(c.Nodes) != 3 || len(c.Seeds) != 3 || strings.Count(c.URL, "redis://") != 3 {
+		t.Fatalf("cluster = %+v; want 3 nodes, seeds and URLs", c)
+	}
+	for _, n := range c.Nodes {
+		if role, err := roleOf(n.Addr); err != nil || role != "master" {
+			t.Fatalf("ROLE of %s = %q, %v; want master", n.Addr, role, err)
+		}
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: c.Seeds, Protocol: 2, DisableIdentity: true,
+		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second,
+	})
+	defer cc.Close()
+	for _, k := range []string{"a", "b", "c", "{user}1"} {
+		if err := cc.Set(ctx(t), k, "v-"+k, 0).Err(); err != nil {
+			t.Fatalf("SET %s: %v", k, err)
+		}
+		if got, err := cc.Get(ctx(t), k).Result(); err != nil || got != "v-"+k {
+			t.Fatalf("GET %s = %q, %v", k, got, err)
+		}
+	}
+
+	// A restarted node keeps its identity and slots through nodes.conf.
+	n := c.Nodes[0]
+	id := func() string {
+		var s string
+		if err := query(n.Addr, func(ctx context.Context, c *redis.Client) error {
+			var err error
+			s, err = c.Do(ctx, "CLUSTER", "MYID").Text()
+			return err
+		}); err != nil {
+			t.Fatalf("CLUSTER MYID %s: %v", n.Addr, err)
+		}
+		return s
+	}
+	before := id()
+	n.Kill(t)
+	if _, err := os.Stat(filepath.Join(n.dir, "nodes.conf")); err != nil {
+		t.Fatalf("nodes.conf of a killed node: %v", err)
+	}
+	n.Restart(t)
+	if after := id(); after != before {
+		t.Fatalf("CLUSTER MYID after Restart = %s, before %s", after, before)
+	}
+	c.Wait(t)
+	if got, err := cc.Get(ctx(t), "a").Result(); err != nil || got != "v-a" {
+		t.Fatalf("GET a after a restart = %q, %v", got, err)
+	}
+}
+
 func TestStartWithTLS(t *testing.T) {
 	s := StartWith(t, Options{TLS: true})
 	if !strings.HasPrefix(s.URL, "rediss://") || s.CAFile == "" {
