@@ -128,6 +128,43 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+func TestSentinelFailover(t *testing.T) {
+	t.Parallel()
+	s := StartSentinel(t, 1, 3)
+	if len(s.Replicas) != 1 || len(s.Sentinels) != 3 || strings.Count(s.URL, "redis://") != 3 {
+		t.Fatalf("sentinel = %+v; want 1 replica and 3 sentinels", s)
+	}
+	var addrs []string
+	for _, u := range strings.Split(s.URL, ",") {
+		addrs = append(addrs, strings.TrimPrefix(u, "redis://"))
+	}
+	fc := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: s.MasterName, SentinelAddrs: addrs, Protocol: 2, DisableIdentity: true,
+		DialTimeout: 2 * time.Second, ReadTimeout: 2 * time.Second,
+	})
+	defer fc.Close()
+	if err := fc.Set(ctx(t), "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET through the sentinels: %v", err)
+	}
+	for _, n := range s.Sentinels {
+		if got, err := s.masterAddr(n.Addr); err != nil || got != s.Master.Addr {
+			t.Fatalf("sentinel %s names master %q, %v; want %s", n.Addr, got, err, s.Master.Addr)
+		}
+	}
+
+	old := s.Master.Addr
+	start := time.Now()
+	s.Master.Kill(t)
+	got := s.WaitForFailover(t, old, 20*time.Second)
+	t.Logf("failover from %s to %s took %v", old, got, time.Since(start).Round(time.Millisecond))
+	if got != s.Replicas[0].Addr {
+		t.Fatalf("WaitForFailover = %s; want the replica %s", got, s.Replicas[0].Addr)
+	}
+	if v, err := client(t, &redis.Options{Addr: got}).Get(ctx(t), "k").Result(); err != nil || v != "v" {
+		t.Fatalf("GET k on the new master = %q, %v; want the replicated value", v, err)
+	}
+}
+
 func TestStartWithTLS(t *testing.T) {
 	s := StartWith(t, Options{TLS: true})
 	if !strings.HasPrefix(s.URL, "rediss://") || s.CAFile == "" {
