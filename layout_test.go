@@ -13,23 +13,25 @@ const module = "github.com/ratelimitd/ratelimitd"
 
 // allowedDeps is the dependency direction of ratelimitd's packages: for each
 // package, the packages of this module it may import (non-test code).
-// cmd -> service -> config, algo, key; backends -> algo; algo and config
+// cmd -> service -> config, algo, key; backends (and the over-limit cache
+// in front of them) -> algo; algo and config
 // import nothing of ours. A new package must be added here.
 var allowedDeps = map[string][]string{
-	"pkg/algo":           {},
-	"pkg/algo/algotest":  {"pkg/algo"},
-	"pkg/key":            {"pkg/algo"},
-	"pkg/config":         {},
-	"pkg/backend/memory": {"pkg/algo"},
-	"pkg/backend/redis":  {"pkg/algo"},
-	"internal/redistest": {},
-	"pkg/service":        {"pkg/algo", "pkg/config", "pkg/key"},
-	"cmd/ratelimitd":     {"*"},
+	"pkg/algo":              {},
+	"pkg/algo/algotest":     {"pkg/algo"},
+	"pkg/key":               {"pkg/algo"},
+	"pkg/config":            {},
+	"pkg/backend/memory":    {"pkg/algo"},
+	"pkg/backend/redis":     {"pkg/algo"},
+	"pkg/backend/overlimit": {"pkg/algo"},
+	"internal/redistest":    {},
+	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key"},
+	"cmd/ratelimitd":        {"*"},
 }
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "internal/redistest"}
+var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}

@@ -1,12 +1,26 @@
 // Package redis keeps rate-limit state in Redis, so that every replica of
-// ratelimitd shares one exact view of the counters. Each batch of requests
-// is decided by one call of the decision script (package algo's Lua twins
-// of the step functions), atomically and in one round trip: EVALSHA, and
-// EVAL once when Redis does not have the script cached.
+// ratelimitd shares one exact view of the counters.
+//
+// A batch of requests is decided by the decision script (package algo's Lua
+// twins of the step functions), atomically and in one round trip: EVALSHA
+// of the script loaded when the backend is dialled, and EVAL once whenever
+// Redis answers NOSCRIPT (after SCRIPT FLUSH, a restart or a failover to a
+// replica that never saw the script), which loads it again.
+//
+// One Redis server (standalone, or the master Sentinel names) decides a
+// whole batch in one script call. A Cluster can only run a script over keys
+// of one hash slot, so there a batch is split by slot and the groups are
+// pipelined: one round trip, each group atomic. Keys are hash-tagged so that
+// every limit of one descriptor shares a slot (or, with [TagDomain], every
+// key of one domain); see [HashTag].
+//
+// The script reads the Redis clock (TIME) by default, so replicas of
+// ratelimitd whose clocks disagree still agree on every decision.
 package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -18,7 +32,12 @@ import (
 // Options configure a Backend.
 type Options struct {
 	// Prefix is prepended to every key, isolating the tenants of one Redis.
+	// In a Cluster, a prefix holding a hash tag ("{tenant}:") puts every
+	// key on that tag's slot.
 	Prefix string
+	// HashTag chooses which part of a key a Cluster hashes. It is ignored
+	// by a client that is not a Cluster client.
+	HashTag HashTag
 	// Now, when set, is the clock the script decides by. By default the
 	// script reads the Redis clock (TIME), so replicas whose clocks
 	// disagree still agree on every decision; set Now only for
@@ -28,17 +47,50 @@ type Options struct {
 
 // Backend is an [algo.Backend] on a Redis client.
 type Backend struct {
-	client goredis.Scripter
-	script *goredis.Script
-	opts   Options
+	client  goredis.UniversalClient
+	cluster *goredis.ClusterClient // the client, when it is a Cluster client
+	script  string
+	sha     string
+	opts    Options
+	owned   bool // Close closes client: Dial made it
 	// minTTL is the least TTL of a stored key; tests whose clock runs
 	// apart from the Redis clock raise it so keys outlive their test.
 	minTTL time.Duration
 }
 
-// New returns a backend on client.
-func New(client goredis.Scripter, opts Options) *Backend {
-	return &Backend{client: client, script: goredis.NewScript(algo.Script()), opts: opts}
+// New returns a backend on client, which the caller keeps and closes. The
+// script is loaded on first use; [Dial] loads it at once.
+func New(client goredis.UniversalClient, opts Options) *Backend {
+	src := algo.Script()
+	b := &Backend{client: client, script: src, sha: scriptSHA(src), opts: opts}
+	b.cluster, _ = client.(*goredis.ClusterClient)
+	return b
+}
+
+// Client returns the Redis client the backend decides with.
+func (b *Backend) Client() goredis.UniversalClient { return b.client }
+
+// LoadScript loads the decision script into Redis: into every master of a
+// Cluster. Deciding reloads it by itself when Redis has lost it; loading it
+// up front saves the first call that round trip and proves the server runs
+// Lua.
+func (b *Backend) LoadScript(ctx context.Context) error {
+	load := func(ctx context.Context, c goredis.Scripter) error {
+		sha, err := c.ScriptLoad(ctx, b.script).Result()
+		if err != nil {
+			return fmt.Errorf("redis: loading the decision script: %w", err)
+		}
+		if sha != b.sha {
+			return fmt.Errorf("redis: the server hashed the decision script to %s, want %s", sha, b.sha)
+		}
+		return nil
+	}
+	if b.cluster != nil {
+		return b.cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			return load(ctx, c)
+		})
+	}
+	return load(ctx, b.client)
 }
 
 // Decide implements [algo.Backend].
@@ -55,18 +107,43 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 	if len(reqs) == 0 {
 		return nil
 	}
-	keys := make([]string, len(reqs))
+	if len(out) < len(reqs) {
+		return fmt.Errorf("redis: %d decisions for %d requests", len(out), len(reqs))
+	}
 	for i := range reqs {
 		if err := reqs[i].Limit.Check(); err != nil {
 			return fmt.Errorf("request %d: %w", i, err)
 		}
+	}
+	if b.cluster != nil {
+		return b.decideCluster(ctx, now, reqs, out)
+	}
+	keys := make([]string, len(reqs))
+	for i := range reqs {
 		keys[i] = b.opts.Prefix + string(reqs[i].Key)
 	}
 	args := algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(reqs)), now, b.minTTL, reqs)
-	reply, err := b.script.Run(ctx, b.client, keys, args...).Slice()
+	reply, err := b.run(ctx, b.client, keys, args)
 	if err != nil {
-		return fmt.Errorf("redis: decision script: %w", err)
+		return err
 	}
 	_, err = algo.ParseScriptReply(reply, out[:len(reqs)])
 	return err
+}
+
+// run calls the script by its SHA, and by its source when Redis answers
+// NOSCRIPT (EVAL caches it again).
+func (b *Backend) run(ctx context.Context, c goredis.Scripter, keys []string, args []any) ([]any, error) {
+	reply, err := c.EvalSha(ctx, b.sha, keys, args...).Slice()
+	if isNoScript(err) {
+		reply, err = c.Eval(ctx, b.script, keys, args...).Slice()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redis: decision script: %w", err)
+	}
+	return reply, nil
+}
+
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, goredis.ErrNoScript) || goredis.HasErrorPrefix(err, "NOSCRIPT"))
 }

@@ -1,0 +1,256 @@
+package redis
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Mode is how ratelimitd finds its Redis.
+type Mode string
+
+const (
+	// Standalone is one Redis server (or a proxy that looks like one).
+	Standalone Mode = "standalone"
+	// Sentinel asks Redis Sentinels for the current master of a name and
+	// follows it across failovers.
+	Sentinel Mode = "sentinel"
+	// Cluster is a Redis Cluster, reached through any of its nodes.
+	Cluster Mode = "cluster"
+)
+
+// Defaults of [Config] for a decision service: a decision that waits for
+// Redis longer than a few tens of milliseconds is worse than one taken by
+// the failure policy.
+const (
+	DefaultDialTimeout  = 250 * time.Millisecond
+	DefaultReadTimeout  = 100 * time.Millisecond
+	DefaultWriteTimeout = 100 * time.Millisecond
+)
+
+// Config says how to reach Redis. The zero value of every field but URL
+// selects a default.
+type Config struct {
+	// URL is redis://[user:password@]host:port[/db], or rediss:// for TLS.
+	// For Sentinel it names the sentinels and for Cluster some of its
+	// nodes, comma-separated; the scheme, credentials and database of the
+	// first apply to every address. The credentials are those of the data
+	// nodes (for Sentinel: the master and replicas).
+	URL  string
+	Mode Mode
+	// MasterName is the name the sentinels monitor (Sentinel only).
+	MasterName string
+	// SentinelUsername and SentinelPassword authenticate to the sentinels
+	// themselves, when they require it.
+	SentinelUsername, SentinelPassword string
+	// PoolSize is the most connections to each node; 0 selects go-redis's
+	// 10 per CPU.
+	PoolSize int
+	// DialTimeout bounds opening a connection; ReadTimeout and WriteTimeout
+	// each socket read and write of a call. Waiting for a free connection
+	// of the pool is bounded by ReadTimeout too.
+	DialTimeout, ReadTimeout, WriteTimeout time.Duration
+	// TLSCAFile names a PEM file of the CAs to trust (default: the
+	// system's); TLSCertFile and TLSKeyFile a client certificate for
+	// mutual TLS. They apply to rediss:// URLs only.
+	TLSCAFile, TLSCertFile, TLSKeyFile string
+}
+
+// Dial connects to Redis as cfg says, checks that it answers and runs Lua,
+// and returns a backend that closes the connections on Close.
+func Dial(ctx context.Context, cfg Config, opts Options) (*Backend, error) {
+	client, err := NewClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := New(client, opts)
+	b.owned = true
+	if err := client.Ping(ctx).Err(); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("redis: %s at %s does not answer: %w", cfg.Mode, RedactURL(cfg.URL), err)
+	}
+	if err := b.LoadScript(ctx); err != nil {
+		client.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Close closes the client if [Dial] made it.
+func (b *Backend) Close() error {
+	if b.owned {
+		return b.client.Close()
+	}
+	return nil
+}
+
+// NewClient returns a go-redis client for cfg without connecting.
+func NewClient(cfg Config) (goredis.UniversalClient, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("redis: no URL: give redis://host:port (comma-separated addresses for sentinel and cluster)")
+	}
+	parts := strings.Split(cfg.URL, ",")
+	var first *goredis.Options
+	addrs := make([]string, 0, len(parts))
+	scheme := "redis"
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if s, _, ok := strings.Cut(p, "://"); !ok {
+			// A bare host:port shares the scheme of the URL before it.
+			p = scheme + "://" + p
+		} else if i == 0 {
+			scheme = s
+		}
+		o, err := goredis.ParseURL(p)
+		var urlErr *url.Error
+		if errors.As(err, &urlErr) {
+			err = urlErr.Err // without the URL and its password
+		}
+		if err != nil {
+			return nil, fmt.Errorf("redis: address %d of the URL (%s): %w", i+1, RedactURL(p), err)
+		}
+		if first == nil {
+			first = o
+		} else if (o.TLSConfig == nil) != (first.TLSConfig == nil) {
+			return nil, fmt.Errorf("redis: address %d of the URL mixes redis:// and rediss://", i+1)
+		}
+		addrs = append(addrs, o.Addr)
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if first.TLSConfig != nil {
+		if err := addTLSFiles(first.TLSConfig, cfg); err != nil {
+			return nil, err
+		}
+	} else if cfg.TLSCAFile != "" || cfg.TLSCertFile != "" {
+		return nil, errors.New("redis: TLS files given for a redis:// URL; use rediss:// to connect with TLS")
+	}
+
+	switch cfg.Mode {
+	case Standalone, "":
+		if len(addrs) > 1 {
+			return nil, fmt.Errorf("redis: standalone mode takes one address, the URL has %d; for several nodes use -redis-mode cluster or sentinel", len(addrs))
+		}
+		o := first
+		o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = cfg.PoolSize, cfg.DialTimeout, cfg.ReadTimeout, cfg.WriteTimeout
+		o.PoolTimeout, o.MaxRetries, o.ContextTimeoutEnabled = cfg.ReadTimeout, maxRetries, true
+		return goredis.NewClient(o), nil
+	case Sentinel:
+		if cfg.MasterName == "" {
+			return nil, errors.New("redis: sentinel mode needs the master's name (-redis-master)")
+		}
+		return goredis.NewFailoverClient(&goredis.FailoverOptions{
+			MasterName:            cfg.MasterName,
+			SentinelAddrs:         addrs,
+			SentinelUsername:      cfg.SentinelUsername,
+			SentinelPassword:      cfg.SentinelPassword,
+			Username:              first.Username,
+			Password:              first.Password,
+			DB:                    first.DB,
+			TLSConfig:             first.TLSConfig,
+			PoolSize:              cfg.PoolSize,
+			DialTimeout:           cfg.DialTimeout,
+			ReadTimeout:           cfg.ReadTimeout,
+			WriteTimeout:          cfg.WriteTimeout,
+			PoolTimeout:           cfg.ReadTimeout,
+			MaxRetries:            maxRetries,
+			ContextTimeoutEnabled: true,
+		}), nil
+	case Cluster:
+		if first.DB != 0 {
+			return nil, fmt.Errorf("redis: a cluster has only database 0; the URL selects %d", first.DB)
+		}
+		return goredis.NewClusterClient(&goredis.ClusterOptions{
+			Addrs:                 addrs,
+			Username:              first.Username,
+			Password:              first.Password,
+			TLSConfig:             first.TLSConfig,
+			PoolSize:              cfg.PoolSize,
+			DialTimeout:           cfg.DialTimeout,
+			ReadTimeout:           cfg.ReadTimeout,
+			WriteTimeout:          cfg.WriteTimeout,
+			PoolTimeout:           cfg.ReadTimeout,
+			MaxRetries:            maxRetries,
+			ContextTimeoutEnabled: true,
+		}), nil
+	}
+	return nil, fmt.Errorf("redis: unknown mode %q; accepted: standalone, sentinel, cluster", cfg.Mode)
+}
+
+// maxRetries is how often go-redis repeats a call that failed on the
+// network (a broken pooled connection, say, after a failover). A decision
+// is not idempotent: when the first call did run and only its answer was
+// lost, the retry consumes the hits again. That errs toward refusing, never
+// toward admitting more than the limit.
+const maxRetries = 1
+
+// addTLSFiles adds cfg's CA and client certificate to t.
+func addTLSFiles(t *tls.Config, cfg Config) error {
+	if cfg.TLSCAFile != "" {
+		pem, err := os.ReadFile(cfg.TLSCAFile)
+		if err != nil {
+			return fmt.Errorf("redis: TLS CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("redis: TLS CA file %s holds no PEM certificate", cfg.TLSCAFile)
+		}
+		t.RootCAs = pool
+	}
+	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
+		return errors.New("redis: a TLS client certificate needs both the certificate and the key file")
+	}
+	if cfg.TLSCertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("redis: TLS client certificate: %w", err)
+		}
+		t.Certificates = []tls.Certificate{cert}
+	}
+	return nil
+}
+
+// Logger passes go-redis's own log lines to a slog logger: news from the
+// sentinels (the master they name) at info level, anything else (a pool
+// failing to dial, say) at warn level. Install it with goredis.SetLogger.
+type Logger struct{ Log *slog.Logger }
+
+// Printf implements go-redis's logging interface.
+func (l Logger) Printf(ctx context.Context, format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	level := slog.LevelWarn
+	if strings.HasPrefix(msg, "sentinel: ") {
+		level = slog.LevelInfo
+	}
+	l.Log.Log(ctx, level, "redis client: "+msg)
+}
+
+// RedactURL returns the URL (or comma-separated URLs) with every password
+// replaced by "xxxxx", fit for logs and errors.
+func RedactURL(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		} else if err != nil && strings.Contains(p, "@") {
+			parts[i] = "<unparsable URL hidden: it may hold a password>"
+		}
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,405 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
+	"github.com/ratelimitd/ratelimitd/pkg/key"
+)
+
+// TestMain quiets go-redis's own logging (a failover client logs every
+// master it selects), which is global to the process.
+func TestMain(m *testing.M) {
+	goredis.SetLogger(Logger{Log: slog.New(slog.DiscardHandler)})
+	os.Exit(m.Run())
+}
+
+// dial returns a backend dialled as cfg says, closed when t ends.
+func dial(t *testing.T, cfg Config, opts Options) *Backend {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := Dial(ctx, cfg, opts)
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// clockedOn is a conformance subject on b with the test's clock.
+func clockedOn(b *Backend) algotest.Subject {
+	b.minTTL = time.Hour
+	return clocked{b}
+}
+
+// uniquePrefix returns a key prefix no other test run uses.
+func uniquePrefix(t *testing.T) string {
+	return fmt.Sprintf("%s:%d:", t.Name(), time.Now().UnixNano())
+}
+
+// TestConformanceSentinel runs the algorithm vectors through a client that
+// finds the master by asking the sentinels.
+func TestConformanceSentinel(t *testing.T) {
+	s := redistest.StartSentinel(t, 1, 1)
+	newSubject := func(t *testing.T) algotest.Subject {
+		return clockedOn(dial(t, Config{URL: s.URL, Mode: Sentinel, MasterName: s.MasterName}, Options{Prefix: uniquePrefix(t)}))
+	}
+	algotest.Run(t, newSubject)
+	algotest.RunBatches(t, newSubject)
+}
+
+// TestConformanceCluster runs the algorithm vectors against a 3-master
+// Cluster. The batch vectors want one batch decided all or nothing, so
+// their keys share a slot through the prefix's hash tag.
+func TestConformanceCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	cfg := Config{URL: c.URL, Mode: Cluster}
+	algotest.Run(t, func(t *testing.T) algotest.Subject {
+		return clockedOn(dial(t, cfg, Options{Prefix: uniquePrefix(t)}))
+	})
+	algotest.RunBatches(t, func(t *testing.T) algotest.Subject {
+		return clockedOn(dial(t, cfg, Options{Prefix: "{" + uniquePrefix(t) + "}"}))
+	})
+}
+
+// descriptorKey returns the key package key encodes for one entry under l.
+func descriptorKey(domain, k, v string, l algo.Limit) []byte {
+	b := key.AppendDomain(nil, domain)
+	b = key.AppendEntry(b, k, v)
+	return key.AppendLimit(b, l)
+}
+
+// TestClusterHashTags checks where keys land: every limit of a descriptor
+// on one slot; with TagDomain, every key of a domain; otherwise spread.
+func TestClusterHashTags(t *testing.T) {
+	perSecond := algo.Limit{Algorithm: algo.FixedWindow, Requests: 10, Window: time.Second}
+	perHour := algo.Limit{Algorithm: algo.TokenBucket, Requests: 1000, Window: time.Hour}
+	byDescriptor := New(nil, Options{Prefix: "rl:", HashTag: TagDescriptor})
+	byDomain := New(nil, Options{Prefix: "rl:", HashTag: TagDomain})
+
+	a := descriptorKey("api", "user", "alice", perSecond)
+	if got, want := byDescriptor.clusterKey(a), "rl:{3:api=4:user5:alice}|fixed_window/1s"; got != want {
+		t.Errorf("clusterKey = %q, want %q", got, want)
+	}
+	if got, want := byDomain.clusterKey(a), "rl:{3:api}=4:user5:alice|fixed_window/1s"; got != want {
+		t.Errorf("domain clusterKey = %q, want %q", got, want)
+	}
+	// A value holding "|" and braces keeps the limit suffix apart.
+	odd := descriptorKey("api", "path", "/a|b/{c}", perHour)
+	if got, want := byDescriptor.clusterKey(odd), "rl:{3:api=4:path8:/a|b/{c}}|token_bucket/3600s"; got != want {
+		t.Errorf("clusterKey = %q, want %q", got, want)
+	}
+
+	slots := make(map[int]bool)
+	for i := range 200 {
+		v := strconv.Itoa(i)
+		s1 := slot(byDescriptor.clusterKey(descriptorKey("api", "user", v, perSecond)))
+		s2 := slot(byDescriptor.clusterKey(descriptorKey("api", "user", v, perHour)))
+		if s1 != s2 {
+			t.Fatalf("user %s: its two limits are on slots %d and %d", v, s1, s2)
+		}
+		slots[s1] = true
+		d1 := slot(byDomain.clusterKey(descriptorKey("api", "user", v, perSecond)))
+		d2 := slot(byDomain.clusterKey(descriptorKey("api", "path", v+"/x", perHour)))
+		if d1 != d2 || d1 != slot("{3:api}") {
+			t.Fatalf("domain tag: slots %d and %d, want both %d", d1, d2, slot("{3:api}"))
+		}
+	}
+	if len(slots) < 150 {
+		t.Errorf("200 descriptors landed on %d slots; want them spread", len(slots))
+	}
+	tenant := New(nil, Options{Prefix: "{tenant}:"})
+	if slot(tenant.clusterKey(a)) != slot(tenant.clusterKey(odd)) {
+		t.Error("a prefix with a hash tag must put every key on its slot")
+	}
+}
+
+// TestSlotIsRedisSlot compares slot with CLUSTER KEYSLOT for random keys.
+func TestSlotIsRedisSlot(t *testing.T) {
+	if got := crc16("123456789"); got != 0x31c3 {
+		t.Fatalf(`crc16("123456789") = %#x, want 0x31c3 (CRC-16/XMODEM check value)`, got)
+	}
+	c := redistest.StartCluster(t, 3)
+	rc := goredis.NewClient(&goredis.Options{Addr: c.Seeds[0]})
+	defer rc.Close()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	alphabet := "ab{}|=:x0"
+	for range 300 {
+		var s strings.Builder
+		for range rng.IntN(12) {
+			s.WriteByte(alphabet[rng.IntN(len(alphabet))])
+		}
+		k := s.String()
+		want, err := rc.ClusterKeySlot(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slot(k); int64(got) != want {
+			t.Fatalf("slot(%q) = %d, CLUSTER KEYSLOT says %d", k, got, want)
+		}
+	}
+}
+
+// TestClusterAtomicity shows what a Cluster decides together: with the
+// default tag a request's descriptors on different slots are decided
+// each on its own, so one that fits is consumed even when another is over;
+// with TagDomain they are all or nothing, as on one server.
+func TestClusterAtomicity(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	one := algo.Limit{Algorithm: algo.FixedWindow, Requests: 1, Window: time.Hour}
+	ten := algo.Limit{Algorithm: algo.FixedWindow, Requests: 10, Window: time.Hour}
+	for _, tc := range []struct {
+		tag           HashTag
+		wantRemaining uint64 // of the roomy descriptor after a refused batch
+	}{
+		{TagDescriptor, 9},
+		{TagDomain, 10},
+	} {
+		t.Run(tc.tag.String(), func(t *testing.T) {
+			b := dial(t, Config{URL: c.URL, Mode: Cluster}, Options{Prefix: uniquePrefix(t), HashTag: tc.tag})
+			tight := descriptorKey("api", "user", "alice", one)
+			roomy := descriptorKey("api", "tenant", "acme", ten)
+			if tc.tag == TagDescriptor && slot(b.clusterKey(tight)) == slot(b.clusterKey(roomy)) {
+				t.Fatal("test keys share a slot; pick others")
+			}
+			out := make([]algo.Decision, 2)
+			// Use up the tight limit alone.
+			if err := b.Decide(ctx, []algo.Request{{Key: tight, Limit: one, Hits: 1}}, out); err != nil || !out[0].Allowed {
+				t.Fatalf("first hit: %+v, %v", out[0], err)
+			}
+			batch := []algo.Request{{Key: tight, Limit: one, Hits: 1}, {Key: roomy, Limit: ten, Hits: 1}}
+			if err := b.Decide(ctx, batch, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[0].Allowed {
+				t.Fatalf("tight descriptor admitted past its limit: %+v", out[0])
+			}
+			peek := []algo.Request{{Key: roomy, Limit: ten}}
+			if err := b.Decide(ctx, peek, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[0].Remaining != tc.wantRemaining {
+				t.Errorf("roomy descriptor has %d remaining after the refused batch, want %d", out[0].Remaining, tc.wantRemaining)
+			}
+		})
+	}
+}
+
+// commandCalls returns how many times the server at addr ran cmd.
+func commandCalls(t *testing.T, c *goredis.Client, cmd string) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+			n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+			return n
+		}
+	}
+	return 0
+}
+
+// TestOneCallPerBatch counts, on the server, the commands a batch costs:
+// one EVALSHA for a batch of three descriptors (the GETs, SETs and TIME
+// the script runs inside it are counted apart, as such); and after
+// SCRIPT FLUSH one EVALSHA answered NOSCRIPT and one EVAL, once.
+func TestOneCallPerBatch(t *testing.T) {
+	srv := redistest.Start(t)
+	b := dial(t, Config{URL: srv.URL}, Options{Prefix: uniquePrefix(t)})
+	admin := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer admin.Close()
+	ctx := context.Background()
+	l := algo.Limit{Algorithm: algo.GCRA, Requests: 100, Window: time.Minute}
+	batch := []algo.Request{
+		{Key: descriptorKey("api", "user", "a", l), Limit: l, Hits: 1},
+		{Key: descriptorKey("api", "user", "b", l), Limit: l, Hits: 1},
+		{Key: descriptorKey("api", "user", "c", l), Limit: l, Hits: 1},
+	}
+	out := make([]algo.Decision, len(batch))
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if err := b.Decide(ctx, batch, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if evalsha, eval := commandCalls(t, admin, "evalsha"), commandCalls(t, admin, "eval"); evalsha != 10 || eval != 0 {
+		t.Errorf("10 batches cost %d EVALSHA and %d EVAL, want 10 and 0", evalsha, eval)
+	}
+	if err := admin.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := b.Decide(ctx, batch, out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if evalsha, eval := commandCalls(t, admin, "evalsha"), commandCalls(t, admin, "eval"); evalsha != 3 || eval != 1 {
+		t.Errorf("after SCRIPT FLUSH 3 batches cost %d EVALSHA and %d EVAL, want 3 (the first answered NOSCRIPT) and 1", evalsha, eval)
+	}
+}
+
+// TestClusterOneCallPerSlot checks that a batch over several slots costs one
+// EVALSHA per slot group, and that NOSCRIPT (every master's scripts
+// flushed) is recovered within the same decision by one EVAL per group.
+func TestClusterOneCallPerSlot(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	b := dial(t, Config{URL: c.URL, Mode: Cluster}, Options{Prefix: uniquePrefix(t)})
+	ctx := context.Background()
+	l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 5, Window: time.Hour}
+	var batch []algo.Request
+	groups := make(map[int]bool)
+	for i := 0; len(groups) < 3; i++ {
+		k := descriptorKey("api", "user", strconv.Itoa(i), l)
+		s := slot(b.clusterKey(k))
+		if groups[s] {
+			continue
+		}
+		groups[s] = true
+		batch = append(batch, algo.Request{Key: k, Limit: l, Hits: 1})
+	}
+	admins := make([]*goredis.Client, len(c.Seeds))
+	for i, a := range c.Seeds {
+		admins[i] = goredis.NewClient(&goredis.Options{Addr: a})
+		defer admins[i].Close()
+		if err := admins[i].ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := admins[i].ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := make([]algo.Decision, len(batch))
+	for round := range 2 {
+		if err := b.Decide(ctx, batch, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range out {
+			if !d.Allowed || d.Remaining != uint64(4-round) {
+				t.Fatalf("round %d, request %d: %+v, want allowed with %d remaining", round, i, d, 4-round)
+			}
+		}
+	}
+	evalsha, eval := 0, 0
+	for _, a := range admins {
+		evalsha += commandCalls(t, a, "evalsha")
+		eval += commandCalls(t, a, "eval")
+	}
+	if evalsha != 6 || eval != 3 {
+		t.Errorf("2 batches of 3 slots cost %d EVALSHA and %d EVAL, want 6 and 3 (each group answered NOSCRIPT once)", evalsha, eval)
+	}
+}
+
+// TestACL connects as a user the server requires.
+func TestACL(t *testing.T) {
+	srv := redistest.StartWith(t, redistest.Options{User: "limiter", Password: "s3cret-pw"})
+	b := dial(t, Config{URL: srv.URL}, Options{Prefix: uniquePrefix(t)})
+	l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 1, Window: time.Hour}
+	out := make([]algo.Decision, 1)
+	if err := b.Decide(context.Background(), []algo.Request{{Key: []byte("k"), Limit: l, Hits: 1}}, out); err != nil || !out[0].Allowed {
+		t.Fatalf("Decide as limiter: %+v, %v", out[0], err)
+	}
+	wrong := strings.Replace(srv.URL, "s3cret-pw", "wrong", 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := Dial(ctx, Config{URL: wrong}, Options{})
+	if err == nil {
+		t.Fatal("Dial with a wrong password succeeded")
+	}
+	if strings.Contains(err.Error(), "wrong") || strings.Contains(err.Error(), "s3cret-pw") {
+		t.Errorf("the error shows the password: %v", err)
+	}
+}
+
+// TestTLS connects over TLS, trusting the test CA, and fails without it.
+func TestTLS(t *testing.T) {
+	srv := redistest.StartWith(t, redistest.Options{TLS: true})
+	if !strings.HasPrefix(srv.URL, "rediss://") {
+		t.Fatalf("TLS server URL %q", srv.URL)
+	}
+	b := dial(t, Config{URL: srv.URL, TLSCAFile: srv.CAFile}, Options{Prefix: uniquePrefix(t)})
+	l := algo.Limit{Algorithm: algo.TokenBucket, Requests: 2, Window: time.Hour}
+	out := make([]algo.Decision, 1)
+	if err := b.Decide(context.Background(), []algo.Request{{Key: []byte("k"), Limit: l, Hits: 1}}, out); err != nil || !out[0].Allowed || out[0].Remaining != 1 {
+		t.Fatalf("Decide over TLS: %+v, %v", out[0], err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := Dial(ctx, Config{URL: srv.URL}, Options{})
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("Dial without the CA: %v, want an error saying the certificate is not trusted", err)
+	}
+}
+
+// TestNewClientRefusesBadConfig checks that each bad configuration is
+// refused before connecting, with a message saying what to fix.
+func TestNewClientRefusesBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "no URL"},
+		{Config{URL: "http://localhost:6379"}, "address 1 of the URL"},
+		{Config{URL: "redis://a:1,redis://b:2"}, "standalone mode takes one address, the URL has 2"},
+		{Config{URL: "redis://a:1", Mode: Sentinel}, "needs the master's name"},
+		{Config{URL: "redis://a:1/3", Mode: Cluster}, "only database 0"},
+		{Config{URL: "redis://a:1,rediss://b:2", Mode: Cluster}, "mixes redis:// and rediss://"},
+		{Config{URL: "redis://a:1", TLSCAFile: "ca.pem"}, "use rediss://"},
+		{Config{URL: "rediss://a:1", TLSCertFile: "c.pem"}, "both the certificate and the key"},
+		{Config{URL: "rediss://a:1", TLSCAFile: "/nonexistent/ca.pem"}, "TLS CA file"},
+		{Config{URL: "redis://a:1", Mode: "ring"}, `unknown mode "ring"`},
+	} {
+		_, err := NewClient(tc.cfg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("NewClient(%+v) = %v, want an error containing %q", tc.cfg, err, tc.want)
+		}
+	}
+	for _, ok := range []Config{
+		{URL: "redis://localhost:6379/2"},
+		{URL: "localhost:6379"},
+		{URL: "redis://:pw@s1:26379,s2:26379,s3:26379", Mode: Sentinel, MasterName: "mymaster"},
+		{URL: "n1:7000,n2:7001,n3:7002", Mode: Cluster},
+	} {
+		c, err := NewClient(ok)
+		if err != nil {
+			t.Errorf("NewClient(%+v): %v", ok, err)
+			continue
+		}
+		c.Close()
+	}
+}
+
+// TestRedactURL hides passwords, also in lists of URLs.
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"redis://localhost:6379":                      "redis://localhost:6379",
+		"redis://user:hunter2@h:1/0":                  "redis://user:xxxxx@h:1/0",
+		"rediss://:hunter2@a:1,rediss://:hunter2@b:2": "rediss://:xxxxx@a:1,rediss://:xxxxx@b:2",
+		"redis://us er:hunter2@h:1":                   "<unparsable URL hidden: it may hold a password>",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
