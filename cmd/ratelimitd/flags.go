@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -22,6 +23,13 @@ type serveConfig struct {
 	httpAddr        string
 	backend         string
 	memoryMaxKeys   int
+	redis           redis.Config
+	redisMode       string
+	redisPrefix     string
+	redisHashTag    string
+	redisClock      string
+	localCacheKeys  int
+	clockOffset     time.Duration
 	logLevel        string
 	logFormat       string
 	shutdownTimeout time.Duration
@@ -47,8 +55,25 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.config, "config", "config", "rule `path`: a YAML rule file, or a directory of *.yaml and *.yml rule files")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, grpc.health.v1, reflection); port 0 picks a free port")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen `address` (/json, /healthcheck, /rlconfig); port 0 picks a free port")
-	fs.StringVar(&c.backend, "backend", "memory", "where counters live: memory (in this process)")
+	fs.StringVar(&c.backend, "backend", "memory", "where counters live: memory (in this process) or redis (shared by every replica)")
 	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", memory.DefaultMaxKeys, "most keys the memory backend tracks at once; beyond it the entries nearest expiry are evicted")
+	fs.StringVar(&c.redis.URL, "redis-url", "", "Redis `URL`: redis://[user:password@]host:port[/db], rediss:// for TLS; comma-separated sentinels or cluster nodes")
+	fs.StringVar(&c.redisMode, "redis-mode", "standalone", "Redis topology: standalone, sentinel (with -redis-master) or cluster")
+	fs.StringVar(&c.redis.MasterName, "redis-master", "", "`name` of the master the sentinels monitor (sentinel mode)")
+	fs.StringVar(&c.redis.SentinelUsername, "redis-sentinel-username", "", "user name for the sentinels themselves, when they require one")
+	fs.StringVar(&c.redis.SentinelPassword, "redis-sentinel-password", "", "password for the sentinels themselves, when they require one (the URL's credentials are the data nodes')")
+	fs.IntVar(&c.redis.PoolSize, "redis-pool-size", 0, "most connections to each Redis node; 0 means 10 per CPU")
+	fs.DurationVar(&c.redis.DialTimeout, "redis-dial-timeout", redis.DefaultDialTimeout, "how long opening a Redis connection may take")
+	fs.DurationVar(&c.redis.ReadTimeout, "redis-read-timeout", redis.DefaultReadTimeout, "how long a Redis answer (and a free pooled connection) may take")
+	fs.DurationVar(&c.redis.WriteTimeout, "redis-write-timeout", redis.DefaultWriteTimeout, "how long sending a Redis call may take")
+	fs.StringVar(&c.redis.TLSCAFile, "redis-tls-ca", "", "PEM `file` of the CAs a rediss:// server's certificate must chain to (default: the system's)")
+	fs.StringVar(&c.redis.TLSCertFile, "redis-tls-cert", "", "PEM `file` of a client certificate for mutual TLS with Redis")
+	fs.StringVar(&c.redis.TLSKeyFile, "redis-tls-key", "", "PEM `file` of the key of -redis-tls-cert")
+	fs.StringVar(&c.redisPrefix, "redis-prefix", "ratelimitd:", "`prefix` of every Redis key, isolating tenants of one Redis")
+	fs.StringVar(&c.redisHashTag, "redis-hash-tag", "descriptor", "what places a key in a Redis Cluster, and so what is decided atomically: descriptor (its limits together) or domain (a whole request)")
+	fs.StringVar(&c.redisClock, "redis-clock", "redis", "clock the Redis scripts decide by: redis (TIME; replicas may disagree on the time) or local (this process's, for Redis-compatible services that forbid TIME in scripts)")
+	fs.IntVar(&c.localCacheKeys, "local-cache-keys", 0, "remember up to this many over-limit keys and refuse them locally, without calling Redis, until they may pass again; 0 turns the cache off")
+	fs.DurationVar(&c.clockOffset, "clock-offset", 0, "testing aid: shift this process's clock by this `duration` (simulates a replica whose clock is wrong)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "least important log `level` written: debug, info, warn, error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 15*time.Second, "on SIGTERM, how long in-flight calls may take before connections are closed")
@@ -104,8 +129,17 @@ func (c *serveConfig) validate() error {
 			return fmt.Errorf("invalid %s: it must not be empty", c.source(a.name))
 		}
 	}
-	if c.backend != "memory" {
-		return fmt.Errorf("invalid %s %q; accepted: memory", c.source("backend"), c.backend)
+	switch c.backend {
+	case "memory":
+	case "redis":
+		if err := c.validateRedis(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("invalid %s %q; accepted: memory, redis", c.source("backend"), c.backend)
+	}
+	if c.localCacheKeys < 0 {
+		return fmt.Errorf("invalid %s %d; it must not be negative (0 turns the cache off)", c.source("local-cache-keys"), c.localCacheKeys)
 	}
 	if _, err := parseLevel(c.logLevel); err != nil {
 		return fmt.Errorf("invalid %s %q; accepted: debug, info, warn, error", c.source("log-level"), c.logLevel)
@@ -135,6 +169,51 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("invalid %s %d; it must be at least 1", c.source("max-hits"), c.maxHits)
 	}
 	c.bounds.MaxHits = c.maxHits
+	return nil
+}
+
+// validateRedis checks the -redis-* flags of -backend redis.
+func (c *serveConfig) validateRedis() error {
+	if c.redis.URL == "" {
+		return fmt.Errorf("%s is required with -backend redis: redis://host:port", c.source("redis-url"))
+	}
+	switch m := redis.Mode(c.redisMode); m {
+	case redis.Standalone, redis.Sentinel, redis.Cluster:
+		c.redis.Mode = m
+	default:
+		return fmt.Errorf("invalid %s %q; accepted: standalone, sentinel, cluster", c.source("redis-mode"), c.redisMode)
+	}
+	if c.redis.Mode == redis.Sentinel && c.redis.MasterName == "" {
+		return fmt.Errorf("%s is required with -redis-mode sentinel: the name the sentinels monitor", c.source("redis-master"))
+	}
+	if c.redis.Mode != redis.Sentinel && c.redis.MasterName != "" {
+		return fmt.Errorf("%s is only for -redis-mode sentinel", c.source("redis-master"))
+	}
+	if _, err := redis.ParseHashTag(c.redisHashTag); err != nil {
+		return fmt.Errorf("invalid %s %q; accepted: descriptor, domain", c.source("redis-hash-tag"), c.redisHashTag)
+	}
+	if c.redisClock != "redis" && c.redisClock != "local" {
+		return fmt.Errorf("invalid %s %q; accepted: redis, local", c.source("redis-clock"), c.redisClock)
+	}
+	if c.redis.PoolSize < 0 {
+		return fmt.Errorf("invalid %s %d; it must not be negative (0 means 10 per CPU)", c.source("redis-pool-size"), c.redis.PoolSize)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"redis-dial-timeout", c.redis.DialTimeout},
+		{"redis-read-timeout", c.redis.ReadTimeout},
+		{"redis-write-timeout", c.redis.WriteTimeout},
+	} {
+		if d.v <= 0 {
+			return fmt.Errorf("invalid %s %v; it must be positive", c.source(d.name), d.v)
+		}
+	}
+	// Parse the URL now, so that a typo is a usage error naming the flag.
+	if _, err := redis.NewClient(c.redis); err != nil {
+		return fmt.Errorf("invalid %s: %w", c.source("redis-url"), err)
+	}
 	return nil
 }
 

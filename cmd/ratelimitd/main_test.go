@@ -81,7 +81,17 @@ func TestUsageErrors(t *testing.T) {
 		want string
 	}{
 		{nil, []string{"bogus"}, `unknown command "bogus"; commands: serve, check-config, version, help`},
-		{nil, []string{"-backend", "redis"}, `invalid -backend "redis"; accepted: memory`},
+		{nil, []string{"-backend", "etcd"}, `invalid -backend "etcd"; accepted: memory, redis`},
+		{nil, []string{"-backend", "redis"}, `-redis-url is required with -backend redis`},
+		{nil, []string{"-backend", "redis", "-redis-url", "redis://h:1", "-redis-mode", "ring"}, `invalid -redis-mode "ring"; accepted: standalone, sentinel, cluster`},
+		{env{"RATELIMITD_BACKEND": "redis", "RATELIMITD_REDIS_URL": "redis://s:26379", "RATELIMITD_REDIS_MODE": "sentinel"}, nil, `-redis-master is required with -redis-mode sentinel`},
+		{nil, []string{"-backend", "redis", "-redis-url", "redis://h:1", "-redis-master", "m"}, `-redis-master is only for -redis-mode sentinel`},
+		{nil, []string{"-backend", "redis", "-redis-url", "redis://h:1", "-redis-hash-tag", "user"}, `invalid -redis-hash-tag "user"; accepted: descriptor, domain`},
+		{nil, []string{"-backend", "redis", "-redis-url", "redis://h:1", "-redis-clock", "ntp"}, `invalid -redis-clock "ntp"; accepted: redis, local`},
+		{nil, []string{"-backend", "redis", "-redis-url", "redis://h:1", "-redis-read-timeout", "0s"}, `invalid -redis-read-timeout 0s; it must be positive`},
+		{nil, []string{"-backend", "redis", "-redis-url", "redis://:hunter2@a:1,redis://b:2"}, `invalid -redis-url: redis: standalone mode takes one address`},
+		{nil, []string{"-backend", "redis", "-redis-url", "http://:hunter2@a:1"}, `invalid -redis-url: redis: address 1 of the URL (http://:xxxxx@a:1)`},
+		{nil, []string{"-local-cache-keys", "-1"}, `invalid -local-cache-keys -1; it must not be negative`},
 		{env{"RATELIMITD_LOG_FORMAT": "xml"}, nil, `invalid RATELIMITD_LOG_FORMAT "xml"; accepted: text, json`},
 		{env{"RATELIMITD_MAX_ENTRIES": "many"}, nil, `invalid value "many" for RATELIMITD_MAX_ENTRIES`},
 		{nil, []string{"-max-descriptors", "0"}, `invalid -max-descriptors 0; it must be at least 1`},
@@ -93,6 +103,9 @@ func TestUsageErrors(t *testing.T) {
 		code, _, errOut := runMain(t, c.env, c.args...)
 		if code != exitUsage || !strings.Contains(errOut, c.want) {
 			t.Errorf("%v %v: exit %d, stderr %q; want exit 2 and %q", c.env, c.args, code, errOut, c.want)
+		}
+		if strings.Contains(errOut, "hunter2") {
+			t.Errorf("%v %v: stderr shows the password: %q", c.env, c.args, errOut)
 		}
 	}
 }

@@ -11,9 +11,13 @@ import (
 	"net/http"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -53,10 +57,11 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	log.Info("rules loaded", "path", c.config, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
 
-	backend := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys})
-	defer backend.Close()
-	log.Info("backend ready", "backend", "memory", "max_keys", c.memoryMaxKeys)
-	go watchEvictions(ctx, backend, log, evictionReportInterval)
+	backend, closeBackend, err := newBackend(ctx, c, log)
+	if err != nil {
+		return err
+	}
+	defer closeBackend()
 
 	svc, err := service.New(backend, rules, service.Options{Logger: log, Bounds: c.bounds})
 	if err != nil {
@@ -122,6 +127,59 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	log.Info("stopped")
 	return nil
 }
+
+// newBackend builds the backend c selects, wrapped in the local over-limit
+// cache when it is on, and returns it with the function that closes it.
+func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger) (algo.Backend, func(), error) {
+	now := time.Now
+	if c.clockOffset != 0 {
+		offset := c.clockOffset
+		now = func() time.Time { return time.Now().Add(offset) }
+		log.Warn("clock shifted by -clock-offset: this process decides as if the time were off", "offset", offset)
+	}
+	var (
+		backend algo.Backend
+		closeFn func()
+	)
+	switch c.backend {
+	case "redis":
+		tag, _ := redis.ParseHashTag(c.redisHashTag) // validated
+		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag}
+		if c.redisClock == "local" {
+			opts.Now = now
+		}
+		// go-redis logs through a logger of its own, global to the process.
+		goredis.SetLogger(redis.Logger{Log: log})
+		dctx, cancel := context.WithTimeout(ctx, redisDialTimeout)
+		defer cancel()
+		b, err := redis.Dial(dctx, c.redis, opts)
+		if err != nil {
+			return nil, nil, err
+		}
+		log.Info("backend ready", "backend", "redis", "mode", c.redis.Mode, "url", redis.RedactURL(c.redis.URL),
+			"prefix", c.redisPrefix, "hash_tag", c.redisHashTag, "clock", c.redisClock)
+		backend, closeFn = b, func() { b.Close() }
+	default:
+		b := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys, Now: now})
+		log.Info("backend ready", "backend", "memory", "max_keys", c.memoryMaxKeys)
+		go watchEvictions(ctx, b, log, evictionReportInterval)
+		backend, closeFn = b, func() { b.Close() }
+	}
+	if c.localCacheKeys > 0 {
+		cache, err := overlimit.New(backend, overlimit.Options{MaxKeys: c.localCacheKeys, Now: now})
+		if err != nil {
+			closeFn()
+			return nil, nil, err
+		}
+		log.Info("local over-limit cache on", "max_keys", c.localCacheKeys)
+		backend = cache
+	}
+	return backend, closeFn, nil
+}
+
+// redisDialTimeout bounds connecting to Redis and loading the script at
+// start.
+const redisDialTimeout = 10 * time.Second
 
 // watchEvictions logs a warning, at most once per interval, when the memory
 // backend has evicted live keys since the last look: each eviction forgot a
