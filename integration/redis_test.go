@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -490,4 +492,25 @@ func TestOneRoundTripPerRequest(t *testing.T) {
 	if n := evalshaCalls(t, admin) - before; n != 0 {
 		t.Errorf("50 refusals of a cached over-limit key cost %d EVALSHA, want 0", n)
 	}
+	metrics := httpGet(t, "http://"+s2.httpAddr+"/metrics")
+	for _, want := range []string{"ratelimitd_local_cache_hits_total 50\n", "ratelimitd_local_cache_keys 1\n"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
+		}
+	}
+}
+
+// httpGet returns the body of a 200 answer to GET url.
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
+	}
+	return string(body)
 }

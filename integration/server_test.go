@@ -249,6 +249,7 @@ func TestServer(t *testing.T) {
 	for path, want := range map[string]string{
 		"/healthcheck": "OK\n",
 		"/rlconfig":    "auth.auth_type_basic: unit=MINUTE requests_per_unit=5",
+		"/metrics":     "\nratelimitd_memory_keys ",
 	} {
 		resp, err := http.Get("http://" + s.httpAddr + path)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
@@ -57,7 +58,8 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	log.Info("rules loaded", "path", c.config, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
 
-	backend, closeBackend, err := newBackend(ctx, c, log)
+	reg := newRegistry()
+	backend, closeBackend, err := newBackend(ctx, c, log, reg)
 	if err != nil {
 		return err
 	}
@@ -81,7 +83,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	gs := grpc.NewServer()
 	svc.RegisterGRPC(gs)
 	hs := &http.Server{
-		Handler:           svc.HTTPHandler(),
+		Handler:           withMetrics(svc.HTTPHandler(), reg),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -130,7 +132,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 
 // newBackend builds the backend c selects, wrapped in the local over-limit
 // cache when it is on, and returns it with the function that closes it.
-func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger) (algo.Backend, func(), error) {
+func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prometheus.Registerer) (algo.Backend, func(), error) {
 	now := time.Now
 	if c.clockOffset != 0 {
 		offset := c.clockOffset
@@ -163,6 +165,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger) (algo.Bac
 		b := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys, Now: now})
 		log.Info("backend ready", "backend", "memory", "max_keys", c.memoryMaxKeys)
 		go watchEvictions(ctx, b, log, evictionReportInterval)
+		registerMemory(reg, b)
 		backend, closeFn = b, func() { b.Close() }
 	}
 	if c.localCacheKeys > 0 {
@@ -172,6 +175,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger) (algo.Bac
 			return nil, nil, err
 		}
 		log.Info("local over-limit cache on", "max_keys", c.localCacheKeys)
+		registerCache(reg, cache)
 		backend = cache
 	}
 	return backend, closeFn, nil
