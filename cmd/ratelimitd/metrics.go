@@ -30,11 +30,11 @@ func registerCache(reg prometheus.Registerer, c *overlimit.Cache) {
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Subsystem: "local_cache", Name: "hits_total",
-			Help: "Requests refused by the local over-limit cache without calling the backend.",
+			Help: "Requests (each with all its descriptors) refused by the local over-limit cache without calling the backend.",
 		}, func() float64 { return float64(c.Hits()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Subsystem: "local_cache", Name: "misses_total",
-			Help: "Requests the local over-limit cache passed to the backend.",
+			Help: "Requests the local over-limit cache passed on to the backend.",
 		}, func() float64 { return float64(c.Misses()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: metricsNamespace, Subsystem: "local_cache", Name: "keys",

@@ -403,3 +403,110 @@ func TestRedactURL(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDecide measures a decision on a real redis-server on loopback:
+// one request, and a batch of three, each one EVALSHA round trip; serial
+// (latency) and from parallel goroutines (throughput of one client).
+func BenchmarkDecide(b *testing.B) {
+	srv := redistest.Start(b)
+	ctx := context.Background()
+	be, err := Dial(ctx, Config{URL: srv.URL}, Options{Prefix: "bench:"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 1 << 20, Window: time.Hour}
+	for _, n := range []int{1, 3} {
+		batch := make([]algo.Request, n)
+		for i := range batch {
+			batch[i] = algo.Request{Key: descriptorKey("bench", "user", strconv.Itoa(i), l), Limit: l, Hits: 1}
+		}
+		b.Run(fmt.Sprintf("batch=%d/serial", n), func(b *testing.B) {
+			b.ReportAllocs()
+			out := make([]algo.Decision, n)
+			for b.Loop() {
+				if err := be.Decide(ctx, batch, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("batch=%d/parallel", n), func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				out := make([]algo.Decision, n)
+				for pb.Next() {
+					if err := be.Decide(ctx, batch, out); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// leastPrivilege is the ACL docs/redis.md recommends for ratelimitd's
+// Redis user: the script and what it runs, on the prefix's keys only, and
+// the Cluster's slot map.
+const leastPrivilege = "on >rl-secret ~ratelimitd:* +evalsha +eval +script|load +ping +hello +auth " +
+	"+get +set +del +pexpire +time +zadd +zcount +zrangebyscore +zrevrangebyscore +zremrangebyscore " +
+	"+cluster|slots"
+
+// TestLeastPrivilegeACL decides every algorithm as a user holding only the
+// documented ACL, on one server and on a Cluster (the user is added to each
+// node), and checks the user can do nothing else.
+func TestLeastPrivilegeACL(t *testing.T) {
+	srv := redistest.Start(t)
+	cl := redistest.StartCluster(t, 3)
+	for _, tc := range []struct {
+		mode  Mode
+		addrs []string
+	}{
+		{Standalone, []string{srv.Addr}},
+		{Cluster, cl.Seeds},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			ctx := context.Background()
+			for _, a := range tc.addrs {
+				admin := goredis.NewClient(&goredis.Options{Addr: a})
+				err := admin.Do(ctx, append([]any{"ACL", "SETUSER", "ratelimitd"}, anySlice(strings.Fields(leastPrivilege))...)...).Err()
+				admin.Close()
+				if err != nil {
+					t.Fatalf("ACL SETUSER on %s: %v", a, err)
+				}
+			}
+			urls := make([]string, len(tc.addrs))
+			for i, a := range tc.addrs {
+				urls[i] = "redis://ratelimitd:rl-secret@" + a
+			}
+			b := dial(t, Config{URL: strings.Join(urls, ","), Mode: tc.mode}, Options{Prefix: "ratelimitd:", HashTag: TagDomain})
+			out := make([]algo.Decision, 1)
+			for _, a := range algo.Algorithms() {
+				l := algo.Limit{Algorithm: a, Requests: 2, Window: time.Hour}
+				k := descriptorKey("acl", "t", fmt.Sprint(time.Now().UnixNano()), l)
+				for i := range 3 {
+					if err := b.Decide(ctx, []algo.Request{{Key: k, Limit: l, Hits: 1}}, out); err != nil {
+						t.Fatalf("%v as the least-privileged user: %v", a, err)
+					}
+					if out[0].Allowed != (i < 2) {
+						t.Fatalf("%v hit %d: %+v", a, i+1, out[0])
+					}
+				}
+			}
+			if err := b.Client().Do(ctx, "FLUSHALL").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+				t.Errorf("FLUSHALL as the least-privileged user: %v, want NOPERM", err)
+			}
+			if err := b.Client().Set(ctx, "other:key", "x", 0).Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
+				t.Errorf("SET outside the prefix: %v, want NOPERM", err)
+			}
+		})
+	}
+}
+
+func anySlice(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
