@@ -280,6 +280,13 @@ func TestSentinelFailover(t *testing.T) {
 	if resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("first decision after the failover: %v", resp)
 	}
+	// The replica never ran the script (replication carries its effects),
+	// so the new master answered NOSCRIPT and the backend sent it by EVAL.
+	promoted := goredis.NewClient(&goredis.Options{Addr: newMaster})
+	defer promoted.Close()
+	if n := commandCalls(t, promoted, "eval"); n != 1 {
+		t.Errorf("the new master ran EVAL %d times, want once: the script reloaded after NOSCRIPT", n)
+	}
 	if got, want := resp.Statuses[0].LimitRemaining, uint32(exactLimit-before-1); got != want {
 		t.Errorf("after the failover %d remain, want %d: counting must resume where it stood", got, want)
 	}
@@ -428,21 +435,26 @@ func migrateSlot(t *testing.T, key string, from, to clusterNode) {
 	must("SETSLOT NODE (source)", from.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", to.id).Err())
 }
 
-// evalshaCalls returns how many EVALSHA calls the server at addr has run.
-func evalshaCalls(t *testing.T, c *goredis.Client) int {
+// commandCalls returns how many times the server of c has run cmd.
+func commandCalls(t *testing.T, c *goredis.Client, cmd string) int {
 	t.Helper()
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
 			var n int
 			fmt.Sscanf(rest, "%d", &n)
 			return n
 		}
 	}
 	return 0
+}
+
+// evalshaCalls returns how many EVALSHA calls the server of c has run.
+func evalshaCalls(t *testing.T, c *goredis.Client) int {
+	return commandCalls(t, c, "evalsha")
 }
 
 // TestOneRoundTripPerRequest counts on the Redis server what requests of
