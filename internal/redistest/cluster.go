@@ -98,22 +98,9 @@ func clusterReady(addr string) error {
 		if state := infoField(info, "cluster_state"); state != "ok" {
 			return fmt.Errorf("CLUSTER INFO says cluster_state:%s", state)
 		}
-		slots, err := c.ClusterSlots(ctx).Result()
-		if err != nil {
-			return err
-		}
-		var seen [clusterSlots]bool
-		covered := 0
-		for _, s := range slots {
-			for i := s.Start; i <= s.End && i < clusterSlots; i++ {
-				if i >= 0 && !seen[i] {
-					seen[i] = true
-					covered++
-				}
-			}
-		}
-		if covered != clusterSlots {
-			return fmt.Errorf("CLUSTER SLOTS covers %d of %d slots", covered, clusterSlots)
+		// cluster_slots_ok counts the assigned slots whose master is up.
+		if ok := infoField(info, "cluster_slots_ok"); ok != strconv.Itoa(clusterSlots) {
+			return fmt.Errorf("CLUSTER INFO says cluster_slots_ok:%s of %d", ok, clusterSlots)
 		}
 		return nil
 	})
