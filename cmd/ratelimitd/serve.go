@@ -158,8 +158,12 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		if err != nil {
 			return nil, nil, err
 		}
-		log.Info("backend ready", "backend", "redis", "mode", c.redis.Mode, "url", redis.RedactURL(c.redis.URL),
-			"prefix", c.redisPrefix, "hash_tag", c.redisHashTag, "clock", c.redisClock)
+		attrs := []any{"backend", "redis", "mode", c.redis.Mode, "url", redis.RedactURL(c.redis.URL),
+			"prefix", c.redisPrefix, "clock", c.redisClock}
+		if c.redis.Mode == redis.Cluster {
+			attrs = append(attrs, "hash_tag", c.redisHashTag)
+		}
+		log.Info("backend ready", attrs...)
 		backend, closeFn = b, func() { b.Close() }
 	default:
 		b := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys, Now: now})

@@ -76,13 +76,40 @@ func Dial(ctx context.Context, cfg Config, opts Options) (*Backend, error) {
 	b.owned = true
 	if err := client.Ping(ctx).Err(); err != nil {
 		client.Close()
-		return nil, fmt.Errorf("redis: %s at %s does not answer: %w", cfg.Mode, RedactURL(cfg.URL), err)
+		return nil, fmt.Errorf("redis: %s mode at %s: %w", modeName(cfg.Mode), RedactURL(cfg.URL), err)
+	}
+	if err := checkMode(ctx, client, cfg.Mode); err != nil {
+		client.Close()
+		return nil, err
 	}
 	if err := b.LoadScript(ctx); err != nil {
 		client.Close()
 		return nil, err
 	}
 	return b, nil
+}
+
+// modeName names mode, the empty mode being standalone.
+func modeName(m Mode) Mode {
+	if m == "" {
+		return Standalone
+	}
+	return m
+}
+
+// checkMode refuses a Cluster node reached in standalone or sentinel mode:
+// its keys live on several masters, and every call for another master's
+// slot would fail with MOVED. A server that does not let the user run INFO
+// is not checked.
+func checkMode(ctx context.Context, c goredis.UniversalClient, mode Mode) error {
+	if mode == Cluster {
+		return nil
+	}
+	info, err := c.Info(ctx, "cluster").Result()
+	if err == nil && strings.Contains(info, "cluster_enabled:1") {
+		return fmt.Errorf("redis: the server is a Cluster node; use -redis-mode cluster")
+	}
+	return nil
 }
 
 // Close closes the client if [Dial] made it.

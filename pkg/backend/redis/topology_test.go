@@ -510,3 +510,27 @@ func anySlice(s []string) []any {
 	}
 	return out
 }
+
+// TestDialRefusesTheWrongMode connects in the wrong mode both ways and
+// wants errors that name the fix, not MOVED errors on every other call.
+func TestDialRefusesTheWrongMode(t *testing.T) {
+	srv := redistest.Start(t)
+	cl := redistest.StartCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{URL: "redis://" + cl.Seeds[0]}, "the server is a Cluster node; use -redis-mode cluster"},
+		{Config{URL: srv.URL, Mode: Cluster}, "cluster mode at " + srv.URL + ": ERR This instance has cluster support disabled"},
+	} {
+		b, err := Dial(ctx, tc.cfg, Options{})
+		if err == nil {
+			b.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Dial(%+v) = %v, want an error containing %q", tc.cfg, err, tc.want)
+		}
+	}
+}
