@@ -284,7 +284,7 @@ func TestSentinelFailover(t *testing.T) {
 	// so the new master answered NOSCRIPT and the backend sent it by EVAL.
 	promoted := goredis.NewClient(&goredis.Options{Addr: newMaster})
 	defer promoted.Close()
-	if n := commandCalls(t, promoted, "eval"); n != 1 {
+	if n := redistest.CommandCalls(t, promoted, "eval"); n != 1 {
 		t.Errorf("the new master ran EVAL %d times, want once: the script reloaded after NOSCRIPT", n)
 	}
 	if got, want := resp.Statuses[0].LimitRemaining, uint32(exactLimit-before-1); got != want {
@@ -435,28 +435,6 @@ func migrateSlot(t *testing.T, key string, from, to clusterNode) {
 	must("SETSLOT NODE (source)", from.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", to.id).Err())
 }
 
-// commandCalls returns how many times the server of c has run cmd.
-func commandCalls(t *testing.T, c *goredis.Client, cmd string) int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-			var n int
-			fmt.Sscanf(rest, "%d", &n)
-			return n
-		}
-	}
-	return 0
-}
-
-// evalshaCalls returns how many EVALSHA calls the server of c has run.
-func evalshaCalls(t *testing.T, c *goredis.Client) int {
-	return commandCalls(t, c, "evalsha")
-}
-
 // TestOneRoundTripPerRequest counts on the Redis server what requests of
 // three descriptors (four limits: the api rule has two) cost: one EVALSHA
 // each. With the local over-limit cache on, a descriptor refused until a
@@ -482,7 +460,7 @@ func TestOneRoundTripPerRequest(t *testing.T) {
 			t.Fatalf("answer %v", resp)
 		}
 	}
-	if n := evalshaCalls(t, admin); n != 5 {
+	if n := redistest.CommandCalls(t, admin, "evalsha"); n != 5 {
 		t.Errorf("5 requests of 3 descriptors cost %d EVALSHA, want 5", n)
 	}
 
@@ -494,14 +472,14 @@ func TestOneRoundTripPerRequest(t *testing.T) {
 	if n := consumeUntilOver(t, c2, req); n != exactLimit {
 		t.Fatalf("admitted %d, want %d", n, exactLimit)
 	}
-	before := evalshaCalls(t, admin)
+	before := redistest.CommandCalls(t, admin, "evalsha")
 	for range 50 {
 		resp := decide(t, c2, req)
 		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].CurrentLimit.GetName() != "token_bucket" {
 			t.Fatalf("a refused key answered %v", resp)
 		}
 	}
-	if n := evalshaCalls(t, admin) - before; n != 0 {
+	if n := redistest.CommandCalls(t, admin, "evalsha") - before; n != 0 {
 		t.Errorf("50 refusals of a cached over-limit key cost %d EVALSHA, want 0", n)
 	}
 	metrics := httpGet(t, "http://"+s2.httpAddr+"/metrics")

@@ -200,22 +200,6 @@ func TestClusterAtomicity(t *testing.T) {
 	}
 }
 
-// commandCalls returns how many times the server at addr ran cmd.
-func commandCalls(t *testing.T, c *goredis.Client, cmd string) int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-			n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
-			return n
-		}
-	}
-	return 0
-}
-
 // TestOneCallPerBatch counts, on the server, the commands a batch costs:
 // one EVALSHA for a batch of three descriptors (the GETs, SETs and TIME
 // the script runs inside it are counted apart, as such); and after
@@ -241,7 +225,7 @@ func TestOneCallPerBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if evalsha, eval := commandCalls(t, admin, "evalsha"), commandCalls(t, admin, "eval"); evalsha != 10 || eval != 0 {
+	if evalsha, eval := redistest.CommandCalls(t, admin, "evalsha"), redistest.CommandCalls(t, admin, "eval"); evalsha != 10 || eval != 0 {
 		t.Errorf("10 batches cost %d EVALSHA and %d EVAL, want 10 and 0", evalsha, eval)
 	}
 	if err := admin.ScriptFlush(ctx).Err(); err != nil {
@@ -255,7 +239,7 @@ func TestOneCallPerBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if evalsha, eval := commandCalls(t, admin, "evalsha"), commandCalls(t, admin, "eval"); evalsha != 3 || eval != 1 {
+	if evalsha, eval := redistest.CommandCalls(t, admin, "evalsha"), redistest.CommandCalls(t, admin, "eval"); evalsha != 3 || eval != 1 {
 		t.Errorf("after SCRIPT FLUSH 3 batches cost %d EVALSHA and %d EVAL, want 3 (the first answered NOSCRIPT) and 1", evalsha, eval)
 	}
 }
@@ -303,8 +287,8 @@ func TestClusterOneCallPerSlot(t *testing.T) {
 	}
 	evalsha, eval := 0, 0
 	for _, a := range admins {
-		evalsha += commandCalls(t, a, "evalsha")
-		eval += commandCalls(t, a, "eval")
+		evalsha += redistest.CommandCalls(t, a, "evalsha")
+		eval += redistest.CommandCalls(t, a, "eval")
 	}
 	if evalsha != 6 || eval != 3 {
 		t.Errorf("2 batches of 3 slots cost %d EVALSHA and %d EVAL, want 6 and 3 (each group answered NOSCRIPT once)", evalsha, eval)
