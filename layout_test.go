@@ -24,6 +24,7 @@ var allowedDeps = map[string][]string{
 	"pkg/backend/memory":    {"pkg/algo"},
 	"pkg/backend/redis":     {"pkg/algo"},
 	"pkg/backend/overlimit": {"pkg/algo"},
+	"pkg/backend/breaker":   {"pkg/algo"},
 	"internal/redistest":    {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key"},
 	"cmd/ratelimitd":        {"*"},
@@ -31,7 +32,7 @@ var allowedDeps = map[string][]string{
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit"}
+var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}
