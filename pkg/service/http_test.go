@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
 func (f *fixture) http(t *testing.T, method, path, body string) (int, http.Header, string) {
@@ -86,7 +88,7 @@ func TestJSONEndpointErrors(t *testing.T) {
 		t.Fatalf("GET /json: %d, Allow %q", code, hdr.Get("Allow"))
 	}
 
-	f = newFixtureWith(t, testRules, failingBackend{}, &testClock{})
+	f = newFixtureOpts(t, testRules, failingBackend{}, &testClock{}, Options{FailureMode: config.FailError})
 	code, _, got := f.http(t, "POST", "/json", `{"domain": "messaging", "descriptors": [{"entries": [{"key": "to_number", "value": "1"}]}]}`)
 	if code != http.StatusServiceUnavailable || !strings.Contains(got, "backend: connection refused") {
 		t.Fatalf("failing backend: %d %s", code, got)

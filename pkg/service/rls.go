@@ -8,8 +8,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -92,7 +90,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	plan(sc, dom, req)
 	if len(sc.reqs) > 0 {
 		if err := s.backend.Decide(ctx, sc.reqs, sc.decisions); err != nil {
-			return nil, s.backendError(ctx, req.Domain, err)
+			if err := s.backendFailed(ctx, req.Domain, dom, sc, err); err != nil {
+				return nil, err
+			}
 		}
 	}
 
@@ -355,15 +355,6 @@ func ruleID(c *check) string {
 		return c.rule.ID
 	}
 	return "limit override"
-}
-
-// backendError turns a backend failure into the caller's gRPC status.
-func (s *Service) backendError(ctx context.Context, domain string, err error) error {
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return status.FromContextError(ctxErr).Err()
-	}
-	s.log.DebugContext(ctx, "backend failed", "domain", domain, "error", err)
-	return status.Errorf(codes.Unavailable, "backend: %v", err)
 }
 
 func (s *Service) getScratch(n int) *scratch {

@@ -10,9 +10,11 @@ package service
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -30,6 +32,19 @@ type Options struct {
 	Logger *slog.Logger
 	// Bounds limit what one request may carry.
 	Bounds Bounds
+	// FailureMode is what a decision is when the backend fails, for
+	// domains whose rule file does not say (failure_mode). Default open.
+	FailureMode config.FailureMode
+	// Fallback decides while the backend fails, for domains in failure
+	// mode local; without it they answer as in mode open.
+	Fallback algo.Backend
+	// LocalShare scales every limit decided by Fallback: each replica
+	// admits ceil(N × LocalShare) (and as much of the burst), so that k
+	// replicas with a share of 1/k admit about N together. Default 1.
+	LocalShare float64
+	// Now is the clock the service's own bookkeeping reads (how often a
+	// failure is logged). Default time.Now.
+	Now func() time.Time
 }
 
 // Service decides rate limits. Create it with [New]; it is safe for
@@ -43,6 +58,13 @@ type Service struct {
 	// draining is set by Drain: health checks then report not serving.
 	draining atomic.Bool
 	scratch  sync.Pool // of *scratch
+
+	failureMode config.FailureMode
+	fallback    algo.Backend
+	localShare  float64
+	now         func() time.Time
+	degraded    [numFailureModes]atomic.Uint64
+	failureLog  logLimiter
 }
 
 // New returns a service deciding with backend under rules.
@@ -56,11 +78,31 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.FailureMode == "" {
+		opts.FailureMode = config.FailOpen
+	}
+	if failureIndex(opts.FailureMode) < 0 {
+		return nil, fmt.Errorf("service: unknown failure mode %q", opts.FailureMode)
+	}
+	if opts.LocalShare == 0 {
+		opts.LocalShare = 1
+	}
+	if !(opts.LocalShare > 0 && opts.LocalShare <= 1) {
+		return nil, fmt.Errorf("service: local share %v is not in (0, 1]", opts.LocalShare)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	s := &Service{
-		backend: backend,
-		log:     opts.Logger,
-		bounds:  opts.Bounds.withDefaults(),
-		health:  health.NewServer(),
+		backend:     backend,
+		log:         opts.Logger,
+		bounds:      opts.Bounds.withDefaults(),
+		health:      health.NewServer(),
+		failureMode: opts.FailureMode,
+		fallback:    opts.Fallback,
+		localShare:  opts.LocalShare,
+		now:         opts.Now,
+		failureLog:  logLimiter{every: failureLogInterval},
 	}
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

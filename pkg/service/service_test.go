@@ -1,8 +1,10 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"net"
 	"strings"
@@ -106,11 +108,17 @@ func newFixture(t testing.TB, rules string) *fixture {
 
 func newFixtureWith(t testing.TB, rules string, be algo.Backend, clk *testClock) *fixture {
 	t.Helper()
+	return newFixtureOpts(t, rules, be, clk, Options{})
+}
+
+// newFixtureOpts is newFixtureWith with the service's options.
+func newFixtureOpts(t testing.TB, rules string, be algo.Backend, clk *testClock, opts Options) *fixture {
+	t.Helper()
 	rs, err := config.Parse(config.File{Name: "rules.yaml", Data: []byte(rules)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := New(be, rs, Options{})
+	svc, err := New(be, rs, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +502,7 @@ func (failingBackend) Decide(context.Context, []algo.Request, []algo.Decision) e
 }
 
 func TestBackendFailureIsUnavailable(t *testing.T) {
-	f := newFixtureWith(t, testRules, failingBackend{}, &testClock{})
+	f := newFixtureOpts(t, testRules, failingBackend{}, &testClock{}, Options{FailureMode: config.FailError})
 	_, err := f.client.ShouldRateLimit(context.Background(), request("messaging", desc("to_number", "1")))
 	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "backend: connection refused" {
 		t.Fatalf("got %v, want Unavailable naming the backend error", err)
@@ -502,6 +510,119 @@ func TestBackendFailureIsUnavailable(t *testing.T) {
 	// Requests that need no counter do not touch the backend.
 	if resp := f.call(t, request("messaging", desc("internal", "x"), desc("color", "red"))); resp.OverallCode != ok {
 		t.Fatalf("unlimited and unmatched descriptors: %v", resp)
+	}
+	if n := f.svc.DegradedDecisions(config.FailError); n != 1 {
+		t.Errorf("DegradedDecisions(error) = %d, want 1", n)
+	}
+}
+
+// TestFailureModes decides with a backend that always fails, under each
+// failure mode, set for the server or by the domain's rule file.
+func TestFailureModes(t *testing.T) {
+	req := request("messaging", desc("to_number", "1"), desc("sender", "s"), desc("color", "red"))
+	for _, tc := range []struct {
+		name     string
+		server   config.FailureMode
+		domain   string // failure_mode line of the rule file
+		want     rlsv3.RateLimitResponse_Code
+		statuses []rlsv3.RateLimitResponse_Code
+		counted  config.FailureMode
+	}{
+		{"default is open", "", "", ok, []rlsv3.RateLimitResponse_Code{ok, ok, ok}, config.FailOpen},
+		{"open", config.FailOpen, "", ok, []rlsv3.RateLimitResponse_Code{ok, ok, ok}, config.FailOpen},
+		// The shadow descriptor (sender) never refuses; the unmatched one
+		// (color) has no limit to refuse by.
+		{"closed", config.FailClosed, "", over, []rlsv3.RateLimitResponse_Code{over, ok, ok}, config.FailClosed},
+		{"domain closed, server open", config.FailOpen, "failure_mode: closed\n", over, []rlsv3.RateLimitResponse_Code{over, ok, ok}, config.FailClosed},
+		{"domain open, server closed", config.FailClosed, "failure_mode: open\n", ok, []rlsv3.RateLimitResponse_Code{ok, ok, ok}, config.FailOpen},
+		{"local without a fallback is open", config.FailLocal, "", ok, []rlsv3.RateLimitResponse_Code{ok, ok, ok}, config.FailOpen},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixtureOpts(t, tc.domain+testRules, failingBackend{}, &testClock{}, Options{FailureMode: tc.server})
+			resp := f.call(t, req)
+			if resp.OverallCode != tc.want {
+				t.Fatalf("overall %v, want %v: %v", resp.OverallCode, tc.want, resp)
+			}
+			for i, st := range resp.Statuses {
+				if st.Code != tc.statuses[i] || st.LimitRemaining != 0 {
+					t.Errorf("status %d: %v, want %v with 0 remaining (unknown)", i, st, tc.statuses[i])
+				}
+			}
+			if resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 100 {
+				t.Errorf("the matched rule's limit is missing: %v", resp.Statuses[0])
+			}
+			if n := f.svc.DegradedDecisions(tc.counted); n != 1 {
+				t.Errorf("DegradedDecisions(%s) = %d, want 1", tc.counted, n)
+			}
+		})
+	}
+}
+
+// TestFailureModeLocal decides with the fallback while the backend fails,
+// each limit cut to the replica's share.
+func TestFailureModeLocal(t *testing.T) {
+	clk := &testClock{}
+	clk.ns.Store(start.UnixNano())
+	fallback := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	f := newFixtureOpts(t, testRules, failingBackend{}, clk, Options{FailureMode: config.FailLocal, Fallback: fallback, LocalShare: 0.25})
+	req := request("messaging", desc("to_number", "1"))
+	admitted := 0
+	for range 40 {
+		if f.call(t, req).OverallCode == ok {
+			admitted++
+		}
+	}
+	if admitted != 25 {
+		t.Errorf("local fallback with a share of 0.25 admitted %d of 100 per day, want 25", admitted)
+	}
+	if n := f.svc.DegradedDecisions(config.FailLocal); n != 40 {
+		t.Errorf("DegradedDecisions(local) = %d, want 40", n)
+	}
+}
+
+// TestFailureLogIsBounded: a failing backend is logged once per interval,
+// with the count of lines held back, never once per request.
+func TestFailureLogIsBounded(t *testing.T) {
+	var buf bytes.Buffer
+	clk := &testClock{}
+	clk.ns.Store(start.UnixNano())
+	rs, err := config.Parse(config.File{Name: "rules.yaml", Data: []byte(testRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(failingBackend{}, rs, Options{Logger: slog.New(slog.NewTextHandler(&buf, nil)), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := request("messaging", desc("to_number", "1"))
+	for range 50 {
+		if _, err := svc.ShouldRateLimit(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(failureLogInterval)
+	if _, err := svc.ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "suppressed=0") || !strings.Contains(lines[1], "suppressed=49") ||
+		!strings.Contains(lines[0], "failure_mode=open") || !strings.Contains(lines[0], "connection refused") {
+		t.Fatalf("want 2 lines, the second counting 49 held back:\n%s", buf.String())
+	}
+}
+
+// TestCallerDeadlineIsNotAFailure: a caller that gave up gets its own
+// error, not a decision by the failure mode.
+func TestCallerDeadlineIsNotAFailure(t *testing.T) {
+	f := newFixtureOpts(t, testRules, failingBackend{}, &testClock{}, Options{FailureMode: config.FailClosed})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := f.svc.ShouldRateLimit(ctx, request("messaging", desc("to_number", "1")))
+	if status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled call: %v, want Canceled", err)
+	}
+	if n := f.svc.DegradedDecisions(config.FailClosed); n != 0 {
+		t.Errorf("a cancelled call was decided by the failure mode")
 	}
 }
 
