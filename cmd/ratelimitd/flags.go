@@ -8,8 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -30,6 +32,9 @@ type serveConfig struct {
 	redisClock      string
 	localCacheKeys  int
 	clockOffset     time.Duration
+	failureMode     string
+	localShare      float64
+	breaker         breaker.Options
 	logLevel        string
 	logFormat       string
 	shutdownTimeout time.Duration
@@ -72,6 +77,11 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.redisPrefix, "redis-prefix", "ratelimitd:", "`prefix` of every Redis key, isolating tenants of one Redis")
 	fs.StringVar(&c.redisHashTag, "redis-hash-tag", "descriptor", "what places a key in a Redis Cluster, and so what is decided atomically: descriptor (its limits together) or domain (a whole request)")
 	fs.StringVar(&c.redisClock, "redis-clock", "redis", "clock the Redis scripts decide by: redis (TIME; replicas may disagree on the time) or local (this process's, for Redis-compatible services that forbid TIME in scripts)")
+	fs.StringVar(&c.failureMode, "failure-mode", "open", "what a decision is when the backend fails, for domains whose rule file does not say: open (admit), closed (refuse), error (answer Unavailable) or local (decide in this process)")
+	fs.Float64Var(&c.localShare, "local-share", 1, "with failure mode local, the `fraction` of each limit this replica admits on its own (1/replicas keeps the total near the limit)")
+	fs.DurationVar(&c.breaker.Timeout, "backend-timeout", breaker.DefaultTimeout, "deadline of each backend call; past it the decision falls to the failure mode")
+	fs.IntVar(&c.breaker.Failures, "circuit-failures", breaker.DefaultFailures, "consecutive failed backend calls that open the circuit: calls then fail at once, without waiting for the backend")
+	fs.DurationVar(&c.breaker.Cooldown, "circuit-cooldown", breaker.DefaultCooldown, "how long the circuit stays open before one call probes the backend again")
 	fs.IntVar(&c.localCacheKeys, "local-cache-keys", 0, "remember up to this many over-limit keys and refuse them locally, without calling Redis, until they may pass again; 0 turns the cache off")
 	fs.DurationVar(&c.clockOffset, "clock-offset", 0, "testing aid: shift this process's clock by this `duration` (simulates a replica whose clock is wrong)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "least important log `level` written: debug, info, warn, error")
@@ -137,6 +147,22 @@ func (c *serveConfig) validate() error {
 		}
 	default:
 		return fmt.Errorf("invalid %s %q; accepted: memory, redis", c.source("backend"), c.backend)
+	}
+	if _, err := config.ParseFailureMode(c.failureMode); err != nil {
+		return fmt.Errorf("invalid %s %q; accepted: open, closed, error, local", c.source("failure-mode"), c.failureMode)
+	}
+	if !(c.localShare > 0 && c.localShare <= 1) {
+		return fmt.Errorf("invalid %s %v; it must be above 0 and at most 1", c.source("local-share"), c.localShare)
+	}
+	if c.breaker.Timeout <= 0 || c.breaker.Cooldown <= 0 {
+		name, v := "backend-timeout", c.breaker.Timeout
+		if c.breaker.Timeout > 0 {
+			name, v = "circuit-cooldown", c.breaker.Cooldown
+		}
+		return fmt.Errorf("invalid %s %v; it must be positive", c.source(name), v)
+	}
+	if c.breaker.Failures < 1 {
+		return fmt.Errorf("invalid %s %d; it must be at least 1", c.source("circuit-failures"), c.breaker.Failures)
 	}
 	if c.localCacheKeys < 0 {
 		return fmt.Errorf("invalid %s %d; it must not be negative (0 turns the cache off)", c.source("local-cache-keys"), c.localCacheKeys)

@@ -7,8 +7,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // metricsNamespace starts the name of every ratelimitd metric.
@@ -55,6 +58,36 @@ func registerMemory(reg prometheus.Registerer, b *memory.Backend) {
 			Help: "Live keys the memory backend evicted, forgetting their counts, because -memory-max-keys was reached.",
 		}, func() float64 { return float64(b.Evictions()) }),
 	)
+}
+
+// registerBreaker exports the Redis circuit breaker's state and counters.
+func registerBreaker(reg prometheus.Registerer, b *breaker.Breaker) {
+	counter := func(name, help string, v func(breaker.Stats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: metricsNamespace, Subsystem: "backend", Name: name, Help: help},
+			func() float64 { return float64(v(b.Stats())) })
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Subsystem: "backend", Name: "circuit_state",
+			Help: "The backend circuit: 0 closed (calling), 1 open (failing at once), 2 half-open (probing).",
+		}, func() float64 { return float64(b.State()) }),
+		counter("calls_total", "Calls that reached the backend.", func(s breaker.Stats) uint64 { return s.Calls }),
+		counter("errors_total", "Backend calls that failed, timeouts included.", func(s breaker.Stats) uint64 { return s.Errors }),
+		counter("timeouts_total", "Backend calls cut off by -backend-timeout.", func(s breaker.Stats) uint64 { return s.Timeouts }),
+		counter("rejected_total", "Calls refused at once because the circuit was open.", func(s breaker.Stats) uint64 { return s.Rejected }),
+		counter("circuit_opens_total", "Times the backend circuit opened.", func(s breaker.Stats) uint64 { return s.Opens }),
+	)
+}
+
+// registerService exports the service's decisions taken by a failure mode.
+func registerService(reg prometheus.Registerer, s *service.Service) {
+	for _, m := range []config.FailureMode{config.FailOpen, config.FailClosed, config.FailError, config.FailLocal} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Name: "failure_mode_decisions_total",
+			Help:        "Requests decided by a failure mode because the backend failed.",
+			ConstLabels: prometheus.Labels{"mode": string(m)},
+		}, func() float64 { return float64(s.DegradedDecisions(m)) }))
+	}
 }
 
 // withMetrics serves GET /metrics from reg beside the service's endpoints.

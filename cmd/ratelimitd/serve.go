@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -59,16 +60,21 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	log.Info("rules loaded", "path", c.config, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
 
 	reg := newRegistry()
-	backend, closeBackend, err := newBackend(ctx, c, log, reg)
+	be, err := newBackend(ctx, c, log, reg)
 	if err != nil {
 		return err
 	}
-	defer closeBackend()
+	defer be.close()
 
-	svc, err := service.New(backend, rules, service.Options{Logger: log, Bounds: c.bounds})
+	mode, _ := config.ParseFailureMode(c.failureMode) // validated
+	svc, err := service.New(be.main, rules, service.Options{
+		Logger: log, Bounds: c.bounds,
+		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
+	})
 	if err != nil {
 		return err
 	}
+	registerService(reg, svc)
 
 	grpcLis, err := net.Listen("tcp", c.grpcAddr)
 	if err != nil {
@@ -130,59 +136,88 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	return nil
 }
 
-// newBackend builds the backend c selects, wrapped in the local over-limit
-// cache when it is on, and returns it with the function that closes it.
-func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prometheus.Registerer) (algo.Backend, func(), error) {
-	now := time.Now
+// backends are what newBackend builds.
+type backends struct {
+	main     algo.Backend
+	fallback algo.Backend // decides while main fails, in failure mode local
+	now      func() time.Time
+	close    func()
+}
+
+// newBackend builds the backend c selects. Redis is guarded by a deadline
+// and a circuit breaker, with a memory backend as the fallback of failure
+// mode local; the local over-limit cache, when on, comes first.
+func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prometheus.Registerer) (*backends, error) {
+	be := &backends{now: time.Now}
 	if c.clockOffset != 0 {
 		offset := c.clockOffset
-		now = func() time.Time { return time.Now().Add(offset) }
+		be.now = func() time.Time { return time.Now().Add(offset) }
 		log.Warn("clock shifted by -clock-offset: this process decides as if the time were off", "offset", offset)
 	}
-	var (
-		backend algo.Backend
-		closeFn func()
-	)
 	switch c.backend {
 	case "redis":
 		tag, _ := redis.ParseHashTag(c.redisHashTag) // validated
 		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag}
 		if c.redisClock == "local" {
-			opts.Now = now
+			opts.Now = be.now
 		}
 		// go-redis logs through a logger of its own, global to the process.
 		goredis.SetLogger(redis.Logger{Log: log})
-		dctx, cancel := context.WithTimeout(ctx, redisDialTimeout)
-		defer cancel()
-		b, err := redis.Dial(dctx, c.redis, opts)
+		b, err := redis.Open(c.redis, opts)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		attrs := []any{"backend", "redis", "mode", c.redis.Mode, "url", redis.RedactURL(c.redis.URL),
 			"prefix", c.redisPrefix, "clock", c.redisClock}
 		if c.redis.Mode == redis.Cluster {
 			attrs = append(attrs, "hash_tag", c.redisHashTag)
 		}
-		log.Info("backend ready", attrs...)
-		backend, closeFn = b, func() { b.Close() }
+		dctx, cancel := context.WithTimeout(ctx, redisDialTimeout)
+		defer cancel()
+		switch err := b.Check(dctx); {
+		case err == nil:
+			log.Info("backend ready", attrs...)
+		case redis.Unreachable(err):
+			// Serving by the failure mode beats not serving: the breaker
+			// probes Redis until it answers.
+			log.Error("backend unreachable at start; deciding by the failure mode until it answers",
+				append(attrs, "error", err, "failure_mode", c.failureMode)...)
+		default:
+			b.Close()
+			return nil, err
+		}
+		fallback := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys, Now: be.now})
+		guard := breaker.New(b, breaker.Options{
+			Timeout: c.breaker.Timeout, Failures: c.breaker.Failures, Cooldown: c.breaker.Cooldown, Now: be.now,
+			OnStateChange: func(from, to breaker.State, err error) {
+				if to == breaker.Open {
+					log.Warn("backend circuit open: calls fail at once until a probe succeeds", "from", from.String(), "error", err, "cooldown", c.breaker.Cooldown)
+				} else {
+					log.Info("backend circuit "+to.String(), "from", from.String())
+				}
+			},
+		})
+		registerBreaker(reg, guard)
+		be.main, be.fallback = guard, fallback
+		be.close = func() { b.Close(); fallback.Close() }
 	default:
-		b := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys, Now: now})
+		b := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys, Now: be.now})
 		log.Info("backend ready", "backend", "memory", "max_keys", c.memoryMaxKeys)
 		go watchEvictions(ctx, b, log, evictionReportInterval)
 		registerMemory(reg, b)
-		backend, closeFn = b, func() { b.Close() }
+		be.main, be.close = b, func() { b.Close() }
 	}
 	if c.localCacheKeys > 0 {
-		cache, err := overlimit.New(backend, overlimit.Options{MaxKeys: c.localCacheKeys, Now: now})
+		cache, err := overlimit.New(be.main, overlimit.Options{MaxKeys: c.localCacheKeys, Now: be.now})
 		if err != nil {
-			closeFn()
-			return nil, nil, err
+			be.close()
+			return nil, err
 		}
 		log.Info("local over-limit cache on", "max_keys", c.localCacheKeys)
 		registerCache(reg, cache)
-		backend = cache
+		be.main = cache
 	}
-	return backend, closeFn, nil
+	return be, nil
 }
 
 // redisDialTimeout bounds connecting to Redis and loading the script at

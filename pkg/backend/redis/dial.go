@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -65,28 +66,55 @@ type Config struct {
 	TLSCAFile, TLSCertFile, TLSKeyFile string
 }
 
-// Dial connects to Redis as cfg says, checks that it answers and runs Lua,
-// and returns a backend that closes the connections on Close.
+// Dial connects to Redis as cfg says, checks that it answers and runs Lua
+// ([Backend.Check]), and returns a backend that closes the connections on
+// Close.
 func Dial(ctx context.Context, cfg Config, opts Options) (*Backend, error) {
+	b, err := Open(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Check(ctx); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Open returns a backend on a new client for cfg, without connecting: the
+// first decision connects, and loads the script if Redis lacks it. Close
+// closes the client.
+func Open(cfg Config, opts Options) (*Backend, error) {
 	client, err := NewClient(cfg)
 	if err != nil {
 		return nil, err
 	}
 	b := New(client, opts)
 	b.owned = true
-	if err := client.Ping(ctx).Err(); err != nil {
-		client.Close()
-		return nil, fmt.Errorf("redis: %s mode at %s: %w", modeName(cfg.Mode), RedactURL(cfg.URL), err)
-	}
-	if err := checkMode(ctx, client, cfg.Mode); err != nil {
-		client.Close()
-		return nil, err
-	}
-	if err := b.LoadScript(ctx); err != nil {
-		client.Close()
-		return nil, err
-	}
+	b.cfg = cfg
 	return b, nil
+}
+
+// Check connects, refuses a server of the wrong mode (a Cluster node
+// reached as standalone, say) and loads the script. An error for which
+// [Unreachable] is true means Redis could not be reached at all.
+func (b *Backend) Check(ctx context.Context) error {
+	if err := b.client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis: %s mode at %s: %w", modeName(b.cfg.Mode), RedactURL(b.cfg.URL), err)
+	}
+	if err := checkMode(ctx, b.client, b.cfg.Mode); err != nil {
+		return err
+	}
+	return b.LoadScript(ctx)
+}
+
+// Unreachable reports whether err says Redis could not be reached (a
+// refused or timed-out connection), as opposed to Redis answering with an
+// error (a wrong password, the wrong mode).
+func Unreachable(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
+		strings.Contains(err.Error(), "all sentinels specified in configuration are unreachable")
 }
 
 // modeName names mode, the empty mode being standalone.

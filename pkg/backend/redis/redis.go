@@ -52,14 +52,15 @@ type Backend struct {
 	script  string
 	sha     string
 	opts    Options
-	owned   bool // Close closes client: Dial made it
+	owned   bool   // Close closes client: Open made it
+	cfg     Config // what Open was given, for Check's messages
 	// minTTL is the least TTL of a stored key; tests whose clock runs
 	// apart from the Redis clock raise it so keys outlive their test.
 	minTTL time.Duration
 }
 
 // New returns a backend on client, which the caller keeps and closes. The
-// script is loaded on first use; [Dial] loads it at once.
+// script is loaded on first use; [Backend.LoadScript] loads it at once.
 func New(client goredis.UniversalClient, opts Options) *Backend {
 	src := algo.Script()
 	b := &Backend{client: client, script: src, sha: scriptSHA(src), opts: opts}

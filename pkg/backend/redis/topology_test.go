@@ -518,3 +518,26 @@ func TestDialRefusesTheWrongMode(t *testing.T) {
 		}
 	}
 }
+
+// TestUnreachable tells a Redis that cannot be reached from one that
+// answers with an error, so that the server can start on the first and
+// must refuse to start on the second.
+func TestUnreachable(t *testing.T) {
+	srv := redistest.StartWith(t, redistest.Options{Password: "pw"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dead := redistest.StartNode(t)
+	dead.Kill(t)
+	for _, tc := range []struct {
+		url         string
+		unreachable bool
+	}{
+		{"redis://" + dead.Addr, true},
+		{"redis://:wrong@" + srv.Addr, false},
+	} {
+		_, err := Dial(ctx, Config{URL: tc.url}, Options{})
+		if err == nil || Unreachable(err) != tc.unreachable {
+			t.Errorf("Dial(%s): %v; Unreachable = %v, want %v", tc.url, err, err != nil && Unreachable(err), tc.unreachable)
+		}
+	}
+}
