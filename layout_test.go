@@ -27,6 +27,7 @@ var allowedDeps = map[string][]string{
 	"pkg/backend/breaker":   {"pkg/algo"},
 	"internal/redistest":    {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key"},
+	"pkg/reload":            {"pkg/config"},
 	"cmd/ratelimitd":        {"*"},
 }
 

@@ -1,0 +1,265 @@
+package reload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+)
+
+// DefaultDebounce is the quiet time [Options.Debounce] defaults to.
+const DefaultDebounce = 250 * time.Millisecond
+
+// maxWaitFactor bounds how long a burst can postpone its load: events that
+// keep coming (a file written continuously) delay the load by at most
+// maxWaitFactor × Debounce after the first event of the burst.
+const maxWaitFactor = 10
+
+// defaultRetry is how often a lost watch of the directory is tried again.
+const defaultRetry = time.Second
+
+// Options configure a Watcher.
+type Options struct {
+	// Path is the rule file or directory, as given to config.Load.
+	Path string
+	// Debounce is how long the files must be quiet before they are loaded:
+	// a burst of events, each within Debounce of the previous one, loads
+	// once, after the last. Default DefaultDebounce.
+	Debounce time.Duration
+	// Apply is called with each new valid rule set, from the goroutine of
+	// Run, one call at a time; not when the set's hash equals that of the
+	// rules in force. Required.
+	Apply func(*config.Rules)
+	// Reject is called, from the goroutine of Run, with the error of a set
+	// that does not load; the last good rules stay in force. Optional.
+	Reject func(err error)
+	// Logger receives "rules reloaded" (info, with path, hash, files and
+	// domains) and "rules rejected" (error, with the error) records, and
+	// warnings about the watch itself. Default: discard.
+	Logger *slog.Logger
+	// Current is the rule set already serving, whose hash the first load
+	// is compared with. When nil, the first valid set loaded is applied.
+	Current *config.Rules
+}
+
+// Watcher reloads rule files when they change. Build it with [New] and run
+// it with [Watcher.Run]; its counters may be read from any goroutine.
+type Watcher struct {
+	path     string
+	dir      string // the directory watched
+	file     string // base name of the rule file; "" when path is a directory
+	debounce time.Duration
+	maxWait  time.Duration
+	retry    time.Duration
+	apply    func(*config.Rules)
+	reject   func(error)
+	log      *slog.Logger
+	fsw      *fsnotify.Watcher
+
+	// hash is the hash of the rules in force; only Run's goroutine uses it.
+	hash string
+
+	reloads    atomic.Uint64
+	rejections atomic.Uint64
+	loads      atomic.Uint64 // every load attempted; for tests
+	lastReload atomic.Int64  // Unix nanoseconds; 0 when none
+}
+
+// New validates opts and starts watching the directory of opts.Path. The
+// watch is released when [Watcher.Run] returns.
+func New(opts Options) (*Watcher, error) {
+	if opts.Path == "" {
+		return nil, errors.New("reload: empty path")
+	}
+	if opts.Apply == nil {
+		return nil, errors.New("reload: nil Apply")
+	}
+	if opts.Debounce < 0 {
+		return nil, fmt.Errorf("reload: negative debounce %v", opts.Debounce)
+	}
+	if opts.Debounce == 0 {
+		opts.Debounce = DefaultDebounce
+	}
+	if opts.Reject == nil {
+		opts.Reject = func(error) {}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	w := &Watcher{
+		path:     opts.Path,
+		debounce: opts.Debounce,
+		maxWait:  maxWaitFactor * opts.Debounce,
+		retry:    defaultRetry,
+		apply:    opts.Apply,
+		reject:   opts.Reject,
+		log:      opts.Logger,
+	}
+	if opts.Current != nil {
+		w.hash = opts.Current.Hash()
+	}
+	info, err := os.Stat(opts.Path)
+	if err != nil {
+		return nil, fmt.Errorf("reload: %w", err)
+	}
+	if info.IsDir() {
+		w.dir = filepath.Clean(opts.Path)
+	} else {
+		w.dir, w.file = filepath.Split(filepath.Clean(opts.Path))
+		w.dir = filepath.Clean(w.dir)
+	}
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("reload: %w", err)
+	}
+	if err := fsw.Add(w.dir); err != nil {
+		fsw.Close()
+		return nil, fmt.Errorf("reload: watching %s: %w", w.dir, err)
+	}
+	w.fsw = fsw
+	return w, nil
+}
+
+// Reloads returns the number of rule sets applied.
+func (w *Watcher) Reloads() uint64 { return w.reloads.Load() }
+
+// Rejections returns the number of rule sets rejected.
+func (w *Watcher) Rejections() uint64 { return w.rejections.Load() }
+
+// LastReload returns when a rule set was last applied, or the zero time
+// when none was.
+func (w *Watcher) LastReload() time.Time {
+	n := w.lastReload.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// Run reloads the rules on every settled change until ctx is done, then
+// releases the watch and returns nil. It also loads the path once a
+// Debounce after it starts, which catches changes made between the
+// caller's own config.Load and New. Call Run once.
+func (w *Watcher) Run(ctx context.Context) error {
+	defer w.fsw.Close()
+	timer := time.NewTimer(w.debounce)
+	defer timer.Stop()
+	pending, burstStart := true, time.Now()
+	schedule := func() {
+		now := time.Now()
+		if !pending {
+			pending, burstStart = true, now
+		}
+		d := min(w.debounce, max(burstStart.Add(w.maxWait).Sub(now), 0))
+		timer.Reset(d)
+	}
+
+	watching := true
+	var retry *time.Ticker
+	var retryC <-chan time.Time
+	stopRetry := func() {
+		if retry != nil {
+			retry.Stop()
+			retry, retryC = nil, nil
+		}
+	}
+	defer stopRetry()
+	rewatch := func() bool {
+		if err := w.fsw.Add(w.dir); err != nil {
+			return false
+		}
+		watching = true
+		stopRetry()
+		w.log.Info("watching rules again", "dir", w.dir)
+		schedule()
+		return true
+	}
+
+	events, errs := w.fsw.Events, w.fsw.Errors
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			if filepath.Clean(ev.Name) == w.dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				if watching {
+					watching = false
+					w.log.Warn("rules directory gone; keeping the rules in force", "dir", w.dir, "op", ev.Op.String(), "retry_every", w.retry)
+					_ = w.fsw.Remove(w.dir) // gone already on most systems
+					if !rewatch() {
+						retry = time.NewTicker(w.retry)
+						retryC = retry.C
+					}
+				}
+				continue
+			}
+			if w.relevant(ev.Name) {
+				schedule()
+			}
+		case err, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			w.log.Warn("watching rules", "dir", w.dir, "error", err)
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				schedule()
+			}
+		case <-retryC:
+			rewatch()
+		case <-timer.C:
+			pending = false
+			if watching {
+				w.load()
+			}
+		}
+	}
+}
+
+// relevant reports whether an event on name may change what config.Load
+// reads.
+func (w *Watcher) relevant(name string) bool {
+	base := filepath.Base(name)
+	if strings.HasPrefix(base, "..") { // a ConfigMap swap
+		return true
+	}
+	if w.file != "" {
+		return base == w.file
+	}
+	ext := filepath.Ext(base)
+	return !strings.HasPrefix(base, ".") && (ext == ".yaml" || ext == ".yml")
+}
+
+// load loads the path and applies or rejects what it finds.
+func (w *Watcher) load() {
+	w.loads.Add(1)
+	rules, err := config.Load(w.path)
+	if err != nil {
+		w.rejections.Add(1)
+		w.log.Error("rules rejected", "path", w.path, "error", err)
+		w.reject(err)
+		return
+	}
+	if rules.Hash() == w.hash {
+		return
+	}
+	w.hash = rules.Hash()
+	w.reloads.Add(1)
+	w.lastReload.Store(time.Now().UnixNano())
+	w.log.Info("rules reloaded", "path", w.path, "hash", rules.Hash(),
+		"files", len(rules.Files()), "domains", len(rules.Domains()))
+	w.apply(rules)
+}
