@@ -28,12 +28,13 @@ var allowedDeps = map[string][]string{
 	"internal/redistest":    {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key"},
 	"pkg/reload":            {"pkg/config"},
+	"pkg/tlsconfig":         {},
 	"cmd/ratelimitd":        {"*"},
 }
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker"}
+var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/tlsconfig"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}
