@@ -33,7 +33,8 @@ type Options struct {
 	Path string
 	// Debounce is how long the files must be quiet before they are loaded:
 	// a burst of events, each within Debounce of the previous one, loads
-	// once, after the last. Default DefaultDebounce.
+	// once, after the last. A burst that never settles is loaded 10 ×
+	// Debounce after its first event all the same. Default DefaultDebounce.
 	Debounce time.Duration
 	// Apply is called with each new valid rule set, from the goroutine of
 	// Run, one call at a time; not when the set's hash equals that of the
@@ -148,7 +149,8 @@ func (w *Watcher) LastReload() time.Time {
 // Run reloads the rules on every settled change until ctx is done, then
 // releases the watch and returns nil. It also loads the path once a
 // Debounce after it starts, which catches changes made between the
-// caller's own config.Load and New. Call Run once.
+// caller's own config.Load and New. Call Run once: a Watcher whose Run is
+// never called holds its fsnotify watch until the process exits.
 func (w *Watcher) Run(ctx context.Context) error {
 	defer w.fsw.Close()
 	timer := time.NewTimer(w.debounce)
