@@ -23,10 +23,13 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
 // startupTimeout bounds how long a server may take to log its addresses.
@@ -349,5 +352,58 @@ func TestServerRefusesBadRules(t *testing.T) {
 	}
 	if !strings.Contains(string(out), `unknown_unit.yaml:6:13: descriptors[0].rate_limit.unit: unknown unit \"minutes\"`) {
 		t.Fatalf("output does not locate the problem:\n%s", out)
+	}
+}
+
+// TestTLSAndDebugListeners serves gRPC and HTTP over TLS and profiles on
+// the opt-in debug address, and checks each is where it should be and
+// nowhere else.
+func TestTLSAndDebugListeners(t *testing.T) {
+	t.Parallel()
+	certs := redistest.WriteCerts(t)
+	s := startServer(t,
+		"-grpc-tls-cert", certs.Cert, "-grpc-tls-key", certs.Key,
+		"-http-tls-cert", certs.Cert, "-http-tls-key", certs.Key,
+		"-debug-addr", "127.0.0.1:0")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(certs.Client)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health over TLS: %v, %v", resp, err)
+	}
+	if _, err := rlsv3.NewRateLimitServiceClient(s.dial(t)).ShouldRateLimit(ctx, basicAuth()); status.Code(err) != codes.Unavailable {
+		t.Errorf("plaintext gRPC to a TLS listener: %v, want Unavailable", err)
+	}
+
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: certs.Client}, Timeout: 10 * time.Second}
+	resp, err := client.Get("https://" + s.httpAddr + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /healthcheck over TLS: %d", resp.StatusCode)
+	}
+	if resp, err := client.Get("https://" + s.httpAddr + "/debug/pprof/"); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Errorf("profiles on the public HTTP port: %v, %v; want 404", resp, err)
+	}
+
+	var debugAddr string
+	for _, line := range s.logLines() {
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "serving profiles") {
+			debugAddr = rec.Addr
+		}
+	}
+	if debugAddr == "" {
+		t.Fatal("no log line gives the debug address")
+	}
+	if body := httpGet(t, "http://"+debugAddr+"/debug/pprof/"); !strings.Contains(body, "goroutine") {
+		t.Errorf("/debug/pprof/ lists no profiles:\n%s", body)
 	}
 }

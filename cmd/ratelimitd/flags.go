@@ -13,6 +13,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/tlsconfig"
 )
 
 // envPrefix starts the environment variable of every flag.
@@ -33,6 +34,9 @@ type serveConfig struct {
 	localCacheKeys  int
 	clockOffset     time.Duration
 	failureMode     string
+	grpcTLS         tlsconfig.Files
+	httpTLS         tlsconfig.Files
+	debugAddr       string
 	localShare      float64
 	breaker         breaker.Options
 	logLevel        string
@@ -77,6 +81,13 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.redisPrefix, "redis-prefix", "ratelimitd:", "`prefix` of every Redis key, isolating tenants of one Redis")
 	fs.StringVar(&c.redisHashTag, "redis-hash-tag", "descriptor", "what places a key in a Redis Cluster, and so what is decided atomically: descriptor (its limits together) or domain (a whole request)")
 	fs.StringVar(&c.redisClock, "redis-clock", "redis", "clock the Redis scripts decide by: redis (TIME; replicas may disagree on the time) or local (this process's, for Redis-compatible services that forbid TIME in scripts)")
+	fs.StringVar(&c.grpcTLS.Cert, "grpc-tls-cert", "", "PEM `file` of the gRPC listener's certificate chain; with -grpc-tls-key, gRPC is served over TLS (re-read when the file changes)")
+	fs.StringVar(&c.grpcTLS.Key, "grpc-tls-key", "", "PEM `file` of the key of -grpc-tls-cert")
+	fs.StringVar(&c.grpcTLS.ClientCA, "grpc-tls-client-ca", "", "PEM `file` of the CAs gRPC clients' certificates must chain to: requires client certificates (mutual TLS)")
+	fs.StringVar(&c.httpTLS.Cert, "http-tls-cert", "", "PEM `file` of the HTTP listener's certificate chain; with -http-tls-key, HTTP is served over TLS (re-read when the file changes)")
+	fs.StringVar(&c.httpTLS.Key, "http-tls-key", "", "PEM `file` of the key of -http-tls-cert")
+	fs.StringVar(&c.httpTLS.ClientCA, "http-tls-client-ca", "", "PEM `file` of the CAs HTTP clients' certificates must chain to: requires client certificates (mutual TLS)")
+	fs.StringVar(&c.debugAddr, "debug-addr", "", "listen `address` for Go's profiles (/debug/pprof/); off when empty. Keep it private")
 	fs.StringVar(&c.failureMode, "failure-mode", "open", "what a decision is when the backend fails, for domains whose rule file does not say: open (admit), closed (refuse), error (answer Unavailable) or local (decide in this process)")
 	fs.Float64Var(&c.localShare, "local-share", 1, "with failure mode local, the `fraction` of each limit this replica admits on its own (1/replicas keeps the total near the limit)")
 	fs.DurationVar(&c.breaker.Timeout, "backend-timeout", breaker.DefaultTimeout, "deadline of each backend call; past it the decision falls to the failure mode")
@@ -147,6 +158,18 @@ func (c *serveConfig) validate() error {
 		}
 	default:
 		return fmt.Errorf("invalid %s %q; accepted: memory, redis", c.source("backend"), c.backend)
+	}
+	for _, l := range []struct {
+		name string
+		f    tlsconfig.Files
+	}{{"grpc", c.grpcTLS}, {"http", c.httpTLS}} {
+		cert, key, ca := c.source(l.name+"-tls-cert"), c.source(l.name+"-tls-key"), c.source(l.name+"-tls-client-ca")
+		if (l.f.Cert == "") != (l.f.Key == "") {
+			return fmt.Errorf("%s and %s go together: give both or neither", cert, key)
+		}
+		if l.f.ClientCA != "" && l.f.Cert == "" {
+			return fmt.Errorf("%s needs %s and %s: mutual TLS is TLS first", ca, cert, key)
+		}
 	}
 	if _, err := config.ParseFailureMode(c.failureMode); err != nil {
 		return fmt.Errorf("invalid %s %q; accepted: open, closed, error, local", c.source("failure-mode"), c.failureMode)

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
@@ -76,6 +77,16 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	registerService(reg, svc)
 
+	// TLS files are checked before any port is opened.
+	grpcTLS, err := listenerTLS("gRPC", c.grpcTLS, log)
+	if err != nil {
+		return err
+	}
+	httpTLS, err := listenerTLS("HTTP", c.httpTLS, log)
+	if err != nil {
+		return err
+	}
+
 	grpcLis, err := net.Listen("tcp", c.grpcAddr)
 	if err != nil {
 		return fmt.Errorf("gRPC listener: %w", err)
@@ -86,22 +97,41 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		return fmt.Errorf("HTTP listener: %w", err)
 	}
 
-	gs := grpc.NewServer()
-	svc.RegisterGRPC(gs)
-	hs := &http.Server{
-		Handler:           withMetrics(svc.HTTPHandler(), reg),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	var grpcOpts []grpc.ServerOption
+	if grpcTLS != nil {
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(grpcTLS)))
 	}
+	gs := grpc.NewServer(grpcOpts...)
+	svc.RegisterGRPC(gs)
+	hs := newHTTPServer(withMetrics(svc.HTTPHandler(), reg), log)
+	hs.TLSConfig = httpTLS
+	servers := []*http.Server{hs}
 
-	failed := make(chan error, 2)
+	failed := make(chan error, 3)
 	go func() { failed <- fmt.Errorf("gRPC server: %w", gs.Serve(grpcLis)) }()
-	go func() { failed <- fmt.Errorf("HTTP server: %w", hs.Serve(httpLis)) }()
-	log.Info("serving gRPC", "addr", grpcLis.Addr().String())
-	log.Info("serving HTTP", "addr", httpLis.Addr().String())
+	go func() {
+		if httpTLS != nil {
+			// No file names: the config supplies the certificate and rotates it.
+			failed <- fmt.Errorf("HTTP server: %w", hs.ServeTLS(httpLis, "", ""))
+			return
+		}
+		failed <- fmt.Errorf("HTTP server: %w", hs.Serve(httpLis))
+	}()
+	log.Info("serving gRPC", "addr", grpcLis.Addr().String(), "tls", grpcTLS != nil, "mtls", c.grpcTLS.ClientCA != "")
+	log.Info("serving HTTP", "addr", httpLis.Addr().String(), "tls", httpTLS != nil, "mtls", c.httpTLS.ClientCA != "")
+	if c.debugAddr != "" {
+		debugLis, err := net.Listen("tcp", c.debugAddr)
+		if err != nil {
+			gs.Stop()
+			hs.Close()
+			return fmt.Errorf("debug listener: %w", err)
+		}
+		ds := newHTTPServer(debugHandler(), log)
+		ds.WriteTimeout = 0 // profiles and traces stream for as long as asked
+		servers = append(servers, ds)
+		go func() { failed <- fmt.Errorf("debug server: %w", ds.Serve(debugLis)) }()
+		log.Warn("serving profiles (pprof): keep this address private", "addr", debugLis.Addr().String())
+	}
 
 	var serveErr error
 	select {
@@ -120,8 +150,10 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		gs.GracefulStop()
 		close(stopped)
 	}()
-	if err := hs.Shutdown(sctx); err != nil {
-		log.Warn("HTTP calls cut short", "error", err)
+	for _, h := range servers {
+		if err := h.Shutdown(sctx); err != nil {
+			log.Warn("HTTP calls cut short", "error", err)
+		}
 	}
 	select {
 	case <-stopped:
@@ -134,6 +166,19 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// newHTTPServer returns an HTTP server for handler with timeouts fit for
+// short calls.
+func newHTTPServer(handler http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 }
 
 // backends are what newBackend builds.

@@ -94,13 +94,13 @@ func StartWith(t testing.TB, o Options) *Server {
 	}
 	bin := redisServer(t)
 	p := probe{user: o.User, password: o.Password}
-	var certs certFiles
+	var certs CertFiles
 	if o.TLS {
 		var err error
 		if certs, err = writeCerts(t.TempDir()); err != nil {
 			t.Fatalf("redistest: making TLS certificates: %v", err)
 		}
-		p.tls = certs.client
+		p.tls = certs.Client
 	}
 	n, err := launch(t, bin, func(dir string) ([]string, int, error) {
 		ports, err := freePorts(1)
@@ -111,9 +111,9 @@ func StartWith(t testing.TB, o Options) *Server {
 		if o.TLS {
 			args = append(baseArgs(dir, 0),
 				"--tls-port", strconv.Itoa(ports[0]),
-				"--tls-cert-file", certs.cert,
-				"--tls-key-file", certs.key,
-				"--tls-ca-cert-file", certs.ca,
+				"--tls-cert-file", certs.Cert,
+				"--tls-key-file", certs.Key,
+				"--tls-ca-cert-file", certs.CA,
 				"--tls-auth-clients", "optional")
 		}
 		switch {
@@ -143,7 +143,7 @@ func StartWith(t testing.TB, o Options) *Server {
 	case o.Password != "":
 		u.User = url.UserPassword("", o.Password)
 	}
-	return &Server{Addr: n.Addr, URL: u.String(), CAFile: certs.ca}
+	return &Server{Addr: n.Addr, URL: u.String(), CAFile: certs.CA}
 }
 
 // tlsUnsupported tells whether a failed start came from a redis-server

@@ -12,23 +12,36 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
 )
 
-// certFiles are the PEM files of a throwaway CA and of a server
+// CertFiles are the PEM files of a throwaway CA and of a server
 // certificate it signed, and a client config that trusts the CA.
-type certFiles struct {
-	ca, cert, key string
-	client        *tls.Config
+type CertFiles struct {
+	CA, Cert, Key string
+	Client        *tls.Config
+}
+
+// WriteCerts makes a throwaway CA and a server certificate for 127.0.0.1,
+// ::1 and localhost in a temporary directory of t, for tests of TLS
+// servers other than Redis too.
+func WriteCerts(t testing.TB) CertFiles {
+	t.Helper()
+	c, err := writeCerts(t.TempDir())
+	if err != nil {
+		t.Fatalf("redistest: writing certificates: %v", err)
+	}
+	return c
 }
 
 // writeCerts makes a CA and a certificate for 127.0.0.1, ::1 and
 // localhost, valid for a day, and writes them in dir.
-func writeCerts(dir string) (certFiles, error) {
+func writeCerts(dir string) (CertFiles, error) {
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return certFiles{}, err
+		return CertFiles{}, err
 	}
 	caTmpl := &x509.Certificate{
 		SerialNumber:          big.NewInt(1),
@@ -41,15 +54,15 @@ func writeCerts(dir string) (certFiles, error) {
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		return certFiles{}, err
+		return CertFiles{}, err
 	}
 	caCert, err := x509.ParseCertificate(caDER)
 	if err != nil {
-		return certFiles{}, err
+		return CertFiles{}, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return certFiles{}, err
+		return CertFiles{}, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(2),
@@ -64,28 +77,28 @@ func writeCerts(dir string) (certFiles, error) {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
 	if err != nil {
-		return certFiles{}, err
+		return CertFiles{}, err
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
-		return certFiles{}, err
+		return CertFiles{}, err
 	}
-	f := certFiles{
-		ca:   filepath.Join(dir, "ca.pem"),
-		cert: filepath.Join(dir, "server.pem"),
-		key:  filepath.Join(dir, "server-key.pem"),
+	f := CertFiles{
+		CA:   filepath.Join(dir, "ca.pem"),
+		Cert: filepath.Join(dir, "server.pem"),
+		Key:  filepath.Join(dir, "server-key.pem"),
 	}
 	for _, w := range []struct {
 		path, typ string
 		der       []byte
-	}{{f.ca, "CERTIFICATE", caDER}, {f.cert, "CERTIFICATE", der}, {f.key, "PRIVATE KEY", keyDER}} {
+	}{{f.CA, "CERTIFICATE", caDER}, {f.Cert, "CERTIFICATE", der}, {f.Key, "PRIVATE KEY", keyDER}} {
 		b := pem.EncodeToMemory(&pem.Block{Type: w.typ, Bytes: w.der})
 		if err := os.WriteFile(w.path, b, 0o600); err != nil {
-			return certFiles{}, err
+			return CertFiles{}, err
 		}
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(caCert)
-	f.client = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	f.Client = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	return f, nil
 }

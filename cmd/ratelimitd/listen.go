@@ -1,0 +1,39 @@
+package main
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/pprof"
+
+	"github.com/ratelimitd/ratelimitd/pkg/tlsconfig"
+)
+
+// listenerTLS returns the TLS config of a listener, or nil when f names no
+// file. Certificates rotated on disk are picked up; a rotation that cannot
+// be loaded is logged and the previous certificate kept.
+func listenerTLS(name string, f tlsconfig.Files, log *slog.Logger) (*tls.Config, error) {
+	if !f.Enabled() {
+		return nil, nil
+	}
+	cfg, err := tlsconfig.Server(f, func(err error) {
+		log.Error(name+" TLS files changed but could not be loaded; serving the previous ones", "error", err)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s TLS: %w", name, err)
+	}
+	return cfg, nil
+}
+
+// debugHandler serves Go's profiles (net/http/pprof) under /debug/pprof/,
+// for the opt-in -debug-addr only: profiles reveal internals and cost CPU.
+func debugHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
