@@ -407,3 +407,52 @@ func TestTLSAndDebugListeners(t *testing.T) {
 		t.Errorf("/debug/pprof/ lists no profiles:\n%s", body)
 	}
 }
+
+// TestHotReload edits the rules of a running server: a valid edit is in
+// force within seconds, an invalid one is rejected whole and counted while
+// the last good rules keep serving.
+func TestHotReload(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "rules.yaml")
+	write := func(body string) {
+		tmp := file + ".tmp"
+		if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, file); err != nil { // as editors and ConfigMaps do
+			t.Fatal(err)
+		}
+	}
+	write("domain: hot\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n")
+	s := startServer(t, "-config", dir)
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("waited 10s for %s", what)
+			}
+		}
+	}
+	rlconfig := func() string { return httpGet(t, "http://"+s.httpAddr+"/rlconfig") }
+	if !strings.Contains(rlconfig(), "requests_per_unit=10") {
+		t.Fatalf("/rlconfig before the edit:\n%s", rlconfig())
+	}
+
+	write("domain: hot\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 20}\n")
+	waitFor("the edit to be in force", func() bool { return strings.Contains(rlconfig(), "requests_per_unit=20") })
+
+	write("domain: hot\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 30, burst: oops}\n")
+	waitFor("the bad edit to be rejected", func() bool {
+		return strings.Contains(httpGet(t, "http://"+s.httpAddr+"/metrics"), "ratelimitd_config_reload_rejections_total 1\n")
+	})
+	if got := rlconfig(); !strings.Contains(got, "requests_per_unit=20") {
+		t.Errorf("after a rejected edit the last good rules must serve:\n%s", got)
+	}
+	if logs := strings.Join(s.logLines(), "\n"); !strings.Contains(logs, "rules rejected") || !strings.Contains(logs, "rules.yaml:4") {
+		t.Errorf("the rejection is not logged with its file and line:\n%s", logs)
+	}
+	if m := httpGet(t, "http://"+s.httpAddr+"/metrics"); !strings.Contains(m, "ratelimitd_config_reloads_total 1\n") {
+		t.Errorf("/metrics does not count the one good reload")
+	}
+}

@@ -37,6 +37,7 @@ type serveConfig struct {
 	grpcTLS         tlsconfig.Files
 	httpTLS         tlsconfig.Files
 	debugAddr       string
+	watchConfig     bool
 	localShare      float64
 	breaker         breaker.Options
 	logLevel        string
@@ -62,6 +63,7 @@ func (c *serveConfig) source(name string) string {
 func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&c.config, "config", "config", "rule `path`: a YAML rule file, or a directory of *.yaml and *.yml rule files")
+	fs.BoolVar(&c.watchConfig, "watch-config", true, "reload the rules when the files under -config change (a bad set is rejected whole; the last good rules keep serving)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, grpc.health.v1, reflection); port 0 picks a free port")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen `address` (/json, /healthcheck, /rlconfig); port 0 picks a free port")
 	fs.StringVar(&c.backend, "backend", "memory", "where counters live: memory (in this process) or redis (shared by every replica)")

@@ -11,6 +11,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/reload"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -88,6 +89,29 @@ func registerService(reg prometheus.Registerer, s *service.Service) {
 			ConstLabels: prometheus.Labels{"mode": string(m)},
 		}, func() float64 { return float64(s.DegradedDecisions(m)) }))
 	}
+}
+
+// registerReload exports the rule watcher's reloads and rejections.
+func registerReload(reg prometheus.Registerer, w *reload.Watcher) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Subsystem: "config", Name: "reloads_total",
+			Help: "Changed rule sets loaded and put in force.",
+		}, func() float64 { return float64(w.Reloads()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: metricsNamespace, Subsystem: "config", Name: "reload_rejections_total",
+			Help: "Changed rule sets rejected as invalid; the last good rules kept serving.",
+		}, func() float64 { return float64(w.Rejections()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: metricsNamespace, Subsystem: "config", Name: "last_reload_timestamp_seconds",
+			Help: "Unix time of the last rules reload; 0 if none.",
+		}, func() float64 {
+			if t := w.LastReload(); !t.IsZero() {
+				return float64(t.UnixNano()) / 1e9
+			}
+			return 0
+		}),
+	)
 }
 
 // withMetrics serves GET /metrics from reg beside the service's endpoints.

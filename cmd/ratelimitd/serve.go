@@ -22,6 +22,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/reload"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -76,6 +77,18 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		return err
 	}
 	registerService(reg, svc)
+	if c.watchConfig {
+		rw, err := reload.New(reload.Options{Path: c.config, Apply: svc.SetRules, Logger: log, Current: rules})
+		if err != nil {
+			// Serving without reload beats not serving (the inotify limit,
+			// say); a restart still picks up new rules.
+			log.Error("rules are not watched: edits need a restart", "path", c.config, "error", err)
+		} else {
+			go rw.Run(ctx)
+			registerReload(reg, rw)
+			log.Info("watching rules for changes", "path", c.config)
+		}
+	}
 
 	// TLS files are checked before any port is opened.
 	grpcTLS, err := listenerTLS("gRPC", c.grpcTLS, log)
