@@ -49,10 +49,9 @@ func panicInHandler(v any) {
 	panic(v)
 }
 
-// nilMapWrite panics in the runtime, whose frames tracebacks hide: its
-// stack must start at nilMapWrite.
-func nilMapWrite() {
-	var m map[string]int
+// nilMapWrite panics in the runtime when m is nil. Tracebacks hide the
+// runtime's frames: the stack must start at nilMapWrite.
+func nilMapWrite(m map[string]int) {
 	m["x"]++
 }
 
@@ -97,7 +96,7 @@ func TestRecoverUnary(t *testing.T) {
 		{"long domain", &rlsv3.RateLimitRequest{Domain: strings.Repeat("x", 5000)}, func() { panicInHandler("boom") }, "panicInHandler",
 			[]string{"domain=" + strings.Repeat("x", maxLoggedField) + "... ", "panic=boom"}},
 		{"request without a domain", "not a request", func() { panicInHandler("boom") }, "panicInHandler", []string{"panic=boom"}},
-		{"runtime error", &rlsv3.RateLimitRequest{Domain: "d"}, nilMapWrite, "nilMapWrite",
+		{"runtime error", &rlsv3.RateLimitRequest{Domain: "d"}, func() { nilMapWrite(nil) }, "nilMapWrite",
 			[]string{"domain=d", `panic="assignment to entry in nil map"`}},
 	}
 	for _, c := range cases {
