@@ -6,6 +6,7 @@ BENCHSTAT   ?= golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4d
 BENCH_COUNT ?= 10
 BENCH       ?= .
 FUZZ_TIME   ?= 30s
+FUZZ_SHORT  ?= 5s
 # The race detector needs cgo and a C compiler; without them, test without it.
 RACE        ?= $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC)" >/dev/null 2>&1 && echo -race)
 
@@ -23,10 +24,28 @@ build: ## build bin/ratelimitd
 run: ## serve the example rules on the memory backend (gRPC :8081, HTTP :8080)
 	$(GO) run ./cmd/ratelimitd -config examples
 
+# Every fuzz target, as package:Target. -fuzz takes one target of one
+# package per run, so each runs on its own.
+FUZZ_TARGETS := \
+	./pkg/config:FuzzParse \
+	./pkg/key:FuzzRoundTrip \
+	./pkg/key:FuzzDistinctDescriptorsDistinctKeys \
+	./pkg/service:FuzzJSON \
+	./pkg/service:FuzzShouldRateLimit
+
+# $(call fuzz_each,TIME) fuzzes each of FUZZ_TARGETS for TIME, printing each
+# command first.
+fuzz_each = @set -e; for t in $(FUZZ_TARGETS); do \
+	  set -- "$${t%%:*}" "$${t\#\#*:}"; \
+	  echo "$(GO) test -run='^\$$' -fuzz='^$$2\$$' -fuzztime=$(1) $$1"; \
+	  $(GO) test -run='^$$' -fuzz="^$$2\$$" -fuzztime=$(1) "$$1"; \
+	done
+
 .PHONY: test
-test: ## run every test, with the race detector when a C compiler is present
+test: ## run every test (race detector when a C compiler is present), then each fuzz target for FUZZ_SHORT
 	@[ -n "$(RACE)" ] || echo "make test: no C compiler for cgo; testing without the race detector"
 	$(GO) test $(RACE) -count=1 ./...
+	$(call fuzz_each,$(FUZZ_SHORT))
 
 .PHONY: lint
 lint: ## check formatting, go vet and staticcheck
@@ -44,8 +63,7 @@ benchstat: ## compare two saved benchmark runs: make benchstat OLD=old.txt NEW=n
 
 .PHONY: fuzz
 fuzz: ## run each fuzz target for FUZZ_TIME
-	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZ_TIME) ./pkg/config
-	$(GO) test -run='^$$' -fuzz=FuzzRoundTrip -fuzztime=$(FUZZ_TIME) ./pkg/key
+	$(call fuzz_each,$(FUZZ_TIME))
 
 .PHONY: fmt
 fmt: ## format the code
