@@ -229,7 +229,7 @@ func checkChaos(t *testing.T, mode string, calls []chaosCall, down, back, resume
 	}
 	slices.Sort(latencies)
 	p99 := latencies[len(latencies)*99/100]
-	t.Logf("failure mode %s: %d calls, %d during the outage (%d failed in all); latency p50 %v p99 %v max %v; Redis deciding again %v after it returned",
-		mode, len(calls), outage, failed, latencies[len(latencies)/2].Round(time.Microsecond), p99.Round(time.Microsecond),
+	t.Logf("%s: %d calls, %d during the outage (%d failed in all); latency p50 %v p99 %v max %v; Redis deciding again %v after it returned",
+		t.Name(), len(calls), outage, failed, latencies[len(latencies)/2].Round(time.Microsecond), p99.Round(time.Microsecond),
 		latencies[len(latencies)-1].Round(time.Microsecond), resumed.Sub(back).Round(time.Millisecond))
 }

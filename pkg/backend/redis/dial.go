@@ -205,6 +205,7 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 		o := first
 		o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = cfg.PoolSize, cfg.DialTimeout, cfg.ReadTimeout, cfg.WriteTimeout
 		o.PoolTimeout, o.MaxRetries, o.ContextTimeoutEnabled = cfg.ReadTimeout, maxRetries, true
+		o.DialerRetries = dialAttempts
 		return goredis.NewClient(o), nil
 	case Sentinel:
 		if cfg.MasterName == "" {
@@ -225,6 +226,7 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 			WriteTimeout:          cfg.WriteTimeout,
 			PoolTimeout:           cfg.ReadTimeout,
 			MaxRetries:            maxRetries,
+			DialerRetries:         dialAttempts,
 			ContextTimeoutEnabled: true,
 		}), nil
 	case Cluster:
@@ -242,6 +244,7 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 			WriteTimeout:          cfg.WriteTimeout,
 			PoolTimeout:           cfg.ReadTimeout,
 			MaxRetries:            maxRetries,
+			DialerRetries:         dialAttempts,
 			ContextTimeoutEnabled: true,
 		}), nil
 	}
@@ -254,6 +257,12 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 // lost, the retry consumes the hits again. That errs toward refusing, never
 // toward admitting more than the limit.
 const maxRetries = 1
+
+// dialAttempts is how many times one call tries to open a connection.
+// go-redis's default, 5 attempts 100 ms apart, would hold a decision for
+// half a second against a dead server; the circuit breaker, not the pool,
+// is what retries a backend that is down.
+const dialAttempts = 1
 
 // addTLSFiles adds cfg's CA and client certificate to t.
 func addTLSFiles(t *tls.Config, cfg Config) error {
