@@ -80,8 +80,13 @@ func registerBreaker(reg prometheus.Registerer, b *breaker.Breaker) {
 	)
 }
 
-// registerService exports the service's decisions taken by a failure mode.
+// registerService exports the service's decisions taken by a failure mode
+// and the panics it recovered.
 func registerService(reg prometheus.Registerer, s *service.Service) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Name: "panics_total",
+		Help: "Handler panics recovered: answered Internal (or 500) and logged.",
+	}, func() float64 { return float64(s.Panics()) }))
 	for _, m := range []config.FailureMode{config.FailOpen, config.FailClosed, config.FailError, config.FailLocal} {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: metricsNamespace, Name: "failure_mode_decisions_total",

@@ -110,13 +110,17 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		return fmt.Errorf("HTTP listener: %w", err)
 	}
 
-	var grpcOpts []grpc.ServerOption
+	// A panicking handler is answered Internal and logged; the process stays.
+	grpcOpts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(svc.StreamInterceptor()),
+	}
 	if grpcTLS != nil {
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(grpcTLS)))
 	}
 	gs := grpc.NewServer(grpcOpts...)
 	svc.RegisterGRPC(gs)
-	hs := newHTTPServer(withMetrics(svc.HTTPHandler(), reg), log)
+	hs := newHTTPServer(svc.WrapHTTP(withMetrics(svc.HTTPHandler(), reg)), log)
 	hs.TLSConfig = httpTLS
 	servers := []*http.Server{hs}
 

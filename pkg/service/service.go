@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,7 @@ type Service struct {
 	now         func() time.Time
 	degraded    [numFailureModes]atomic.Uint64
 	failureLog  logLimiter
+	panics      atomic.Uint64 // handler panics recovered; see Panics
 }
 
 // New returns a service deciding with backend under rules.
@@ -129,6 +131,25 @@ func (s *Service) RegisterGRPC(gs *grpc.Server) {
 	healthpb.RegisterHealthServer(gs, s.health)
 	reflection.Register(gs)
 }
+
+// UnaryInterceptor recovers panics in unary handlers; see [RecoverUnary].
+func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return RecoverUnary(s.log, &s.panics)
+}
+
+// StreamInterceptor recovers panics in streaming handlers; see
+// [RecoverStream].
+func (s *Service) StreamInterceptor() grpc.StreamServerInterceptor {
+	return RecoverStream(s.log, &s.panics)
+}
+
+// WrapHTTP recovers panics in h; see [RecoverHTTP].
+func (s *Service) WrapHTTP(h http.Handler) http.Handler {
+	return RecoverHTTP(s.log, &s.panics, h)
+}
+
+// Panics returns how many handler panics were recovered.
+func (s *Service) Panics() uint64 { return s.panics.Load() }
 
 // Drain marks the service as going away: gRPC health checks answer
 // NOT_SERVING and GET /healthcheck 503, so load balancers stop sending new
