@@ -49,11 +49,14 @@ func writeExactRules(t *testing.T) string {
 }
 
 // redisArgs are the flags of a ratelimitd on Redis at url, with keys under a
-// prefix of the test's own.
+// prefix of the test's own. A failed backend call is an error the test
+// sees (failure mode error), never a decision by a failure mode that would
+// pass for Redis's, and the deadline is long enough for a loaded machine.
 func redisArgs(t *testing.T, url, mode string, extra ...string) []string {
 	return append([]string{
 		"-backend", "redis", "-redis-url", url, "-redis-mode", mode,
 		"-redis-prefix", fmt.Sprintf("%s:%d:", t.Name(), time.Now().UnixNano()),
+		"-failure-mode", "error", "-backend-timeout", "2s",
 	}, extra...)
 }
 
@@ -303,7 +306,8 @@ func TestClusterResharding(t *testing.T) {
 	cl := redistest.StartCluster(t, 3)
 	rules := writeExactRules(t)
 	prefix := fmt.Sprintf("reshard:%d:", time.Now().UnixNano())
-	srv := startServer(t, "-backend", "redis", "-redis-url", cl.URL, "-redis-mode", "cluster", "-redis-prefix", prefix, "-config", rules)
+	srv := startServer(t, "-backend", "redis", "-redis-url", cl.URL, "-redis-mode", "cluster", "-redis-prefix", prefix, "-config", rules,
+		"-failure-mode", "error", "-backend-timeout", "2s")
 	c := rlsv3.NewRateLimitServiceClient(srv.dial(t))
 	req := descriptorRequest("exact", "algorithm", "fixed_window")
 	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Seeds})
