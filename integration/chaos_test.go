@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -162,6 +163,16 @@ func TestRedisFailures(t *testing.T) {
 				time.Sleep(2*(chaosCooldown+chaosTimeout) + 1500*time.Millisecond)
 				calls := ld.finish()
 				checkChaos(t, mode, calls, down, back, resumed)
+				metrics := httpGet(t, "http://"+srv.httpAddr+"/metrics")
+				for _, want := range []string{
+					`ratelimitd_failure_mode_decisions_total{mode="` + mode + `"} `,
+					"ratelimitd_backend_circuit_opens_total ",
+					"ratelimitd_backend_circuit_state 0\n",
+				} {
+					if !strings.Contains(metrics, want) || strings.Contains(metrics, want+"0\n") {
+						t.Errorf("/metrics lacks a non-zero %q", want)
+					}
+				}
 			})
 		}
 	}

@@ -29,88 +29,67 @@ func newRegistry() *prometheus.Registry {
 	return reg
 }
 
+// counter is a counter ratelimitd_<subsystem>_<name> read from v.
+func counter[N uint64 | int](subsystem, name, help string, labels prometheus.Labels, v func() N) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: metricsNamespace, Subsystem: subsystem, Name: name, Help: help, ConstLabels: labels,
+	}, func() float64 { return float64(v()) })
+}
+
+// gauge is a gauge ratelimitd_<subsystem>_<name> read from v.
+func gauge(subsystem, name, help string, v func() float64) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: metricsNamespace, Subsystem: subsystem, Name: name, Help: help,
+	}, v)
+}
+
 // registerCache exports the local over-limit cache's counters.
 func registerCache(reg prometheus.Registerer, c *overlimit.Cache) {
 	reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: "local_cache", Name: "hits_total",
-			Help: "Requests (each with all its descriptors) refused by the local over-limit cache without calling the backend.",
-		}, func() float64 { return float64(c.Hits()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: "local_cache", Name: "misses_total",
-			Help: "Requests the local over-limit cache passed on to the backend.",
-		}, func() float64 { return float64(c.Misses()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: "local_cache", Name: "keys",
-			Help: "Over-limit keys the local cache holds.",
-		}, func() float64 { return float64(c.Len()) }),
+		counter("local_cache", "hits_total", "Requests (each with all its descriptors) refused by the local over-limit cache without calling the backend.", nil, c.Hits),
+		counter("local_cache", "misses_total", "Requests the local over-limit cache passed on to the backend.", nil, c.Misses),
+		gauge("local_cache", "keys", "Over-limit keys the local cache holds.", func() float64 { return float64(c.Len()) }),
 	)
 }
 
 // registerMemory exports the memory backend's size and evictions.
 func registerMemory(reg prometheus.Registerer, b *memory.Backend) {
 	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: "memory", Name: "keys",
-			Help: "Keys the memory backend holds.",
-		}, func() float64 { return float64(b.Len()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: "memory", Name: "evictions_total",
-			Help: "Live keys the memory backend evicted, forgetting their counts, because -memory-max-keys was reached.",
-		}, func() float64 { return float64(b.Evictions()) }),
+		gauge("memory", "keys", "Keys the memory backend holds.", func() float64 { return float64(b.Len()) }),
+		counter("memory", "evictions_total", "Live keys the memory backend evicted, forgetting their counts, because -memory-max-keys was reached.", nil, b.Evictions),
 	)
 }
 
 // registerBreaker exports the Redis circuit breaker's state and counters.
 func registerBreaker(reg prometheus.Registerer, b *breaker.Breaker) {
-	counter := func(name, help string, v func(breaker.Stats) uint64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: metricsNamespace, Subsystem: "backend", Name: name, Help: help},
-			func() float64 { return float64(v(b.Stats())) })
-	}
+	stat := func(f func(breaker.Stats) uint64) func() uint64 { return func() uint64 { return f(b.Stats()) } }
 	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: "backend", Name: "circuit_state",
-			Help: "The backend circuit: 0 closed (calling), 1 open (failing at once), 2 half-open (probing).",
-		}, func() float64 { return float64(b.State()) }),
-		counter("calls_total", "Calls that reached the backend.", func(s breaker.Stats) uint64 { return s.Calls }),
-		counter("errors_total", "Backend calls that failed, timeouts included.", func(s breaker.Stats) uint64 { return s.Errors }),
-		counter("timeouts_total", "Backend calls cut off by -backend-timeout.", func(s breaker.Stats) uint64 { return s.Timeouts }),
-		counter("rejected_total", "Calls refused at once because the circuit was open.", func(s breaker.Stats) uint64 { return s.Rejected }),
-		counter("circuit_opens_total", "Times the backend circuit opened.", func(s breaker.Stats) uint64 { return s.Opens }),
+		gauge("backend", "circuit_state", "The backend circuit: 0 closed (calling), 1 open (failing at once), 2 half-open (probing).",
+			func() float64 { return float64(b.State()) }),
+		counter("backend", "calls_total", "Calls that reached the backend.", nil, stat(func(s breaker.Stats) uint64 { return s.Calls })),
+		counter("backend", "errors_total", "Backend calls that failed, timeouts included.", nil, stat(func(s breaker.Stats) uint64 { return s.Errors })),
+		counter("backend", "timeouts_total", "Backend calls cut off by -backend-timeout.", nil, stat(func(s breaker.Stats) uint64 { return s.Timeouts })),
+		counter("backend", "rejected_total", "Calls refused at once because the circuit was open.", nil, stat(func(s breaker.Stats) uint64 { return s.Rejected })),
+		counter("backend", "circuit_opens_total", "Times the backend circuit opened.", nil, stat(func(s breaker.Stats) uint64 { return s.Opens })),
 	)
 }
 
 // registerService exports the service's decisions taken by a failure mode
 // and the panics it recovered.
 func registerService(reg prometheus.Registerer, s *service.Service) {
-	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Namespace: metricsNamespace, Name: "panics_total",
-		Help: "Handler panics recovered: answered Internal (or 500) and logged.",
-	}, func() float64 { return float64(s.Panics()) }))
+	reg.MustRegister(counter("", "panics_total", "Handler panics recovered: answered Internal (or 500) and logged.", nil, s.Panics))
 	for _, m := range []config.FailureMode{config.FailOpen, config.FailClosed, config.FailError, config.FailLocal} {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Name: "failure_mode_decisions_total",
-			Help:        "Requests decided by a failure mode because the backend failed.",
-			ConstLabels: prometheus.Labels{"mode": string(m)},
-		}, func() float64 { return float64(s.DegradedDecisions(m)) }))
+		reg.MustRegister(counter("", "failure_mode_decisions_total", "Requests decided by a failure mode because the backend failed.",
+			prometheus.Labels{"mode": string(m)}, func() uint64 { return s.DegradedDecisions(m) }))
 	}
 }
 
 // registerReload exports the rule watcher's reloads and rejections.
 func registerReload(reg prometheus.Registerer, w *reload.Watcher) {
 	reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: "config", Name: "reloads_total",
-			Help: "Changed rule sets loaded and put in force.",
-		}, func() float64 { return float64(w.Reloads()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: metricsNamespace, Subsystem: "config", Name: "reload_rejections_total",
-			Help: "Changed rule sets rejected as invalid; the last good rules kept serving.",
-		}, func() float64 { return float64(w.Rejections()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: metricsNamespace, Subsystem: "config", Name: "last_reload_timestamp_seconds",
-			Help: "Unix time of the last rules reload; 0 if none.",
-		}, func() float64 {
+		counter("config", "reloads_total", "Changed rule sets loaded and put in force.", nil, w.Reloads),
+		counter("config", "reload_rejections_total", "Changed rule sets rejected as invalid; the last good rules kept serving.", nil, w.Rejections),
+		gauge("config", "last_reload_timestamp_seconds", "Unix time of the last rules reload; 0 if none.", func() float64 {
 			if t := w.LastReload(); !t.IsZero() {
 				return float64(t.UnixNano()) / 1e9
 			}
