@@ -47,15 +47,15 @@ func (s *Service) DegradedDecisions(m config.FailureMode) uint64 {
 // backendFailed decides a request whose backend call failed with err, by
 // the failure mode of its domain (or the service's): open admits every
 // descriptor, closed refuses every one, error answers Unavailable, and
-// local decides with the fallback backend. It fills sc.decisions, or
-// returns the error to answer with.
+// local decides with the fallback backend. It fills sc.decisions and
+// returns the mode it decided by, or returns the error to answer with.
 //
 // The figures of an open or closed decision are unknown and reported as
 // zero: no remaining, no time until reset or retry.
-func (s *Service) backendFailed(ctx context.Context, domain string, dom *config.Domain, sc *scratch, err error) error {
+func (s *Service) backendFailed(ctx context.Context, domain string, dom *config.Domain, sc *scratch, err error) (config.FailureMode, error) {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		// The caller gave up or ran out of time: it sees that, not a policy.
-		return status.FromContextError(ctxErr).Err()
+		return "", status.FromContextError(ctxErr).Err()
 	}
 	mode := dom.FailureMode
 	if mode == "" {
@@ -72,21 +72,21 @@ func (s *Service) backendFailed(ctx context.Context, domain string, dom *config.
 	}
 	switch mode {
 	case config.FailError:
-		return status.Errorf(codes.Unavailable, "backend: %v", err)
+		return mode, status.Errorf(codes.Unavailable, "backend: %v", err)
 	case config.FailLocal:
 		for i := range sc.reqs {
 			sc.reqs[i].Limit = share(sc.reqs[i].Limit, s.localShare)
 		}
 		if lerr := s.fallback.Decide(ctx, sc.reqs, sc.decisions); lerr != nil {
-			return status.Errorf(codes.Unavailable, "backend: %v; local fallback: %v", err, lerr)
+			return mode, status.Errorf(codes.Unavailable, "backend: %v; local fallback: %v", err, lerr)
 		}
-		return nil
+		return mode, nil
 	}
 	allowed := mode != config.FailClosed
 	for i := range sc.decisions {
 		sc.decisions[i] = algo.Decision{Allowed: allowed}
 	}
-	return nil
+	return mode, nil
 }
 
 // share scales l to a replica's share f of it, rounding up so that no

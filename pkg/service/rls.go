@@ -88,11 +88,15 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	sc := s.getScratch(n)
 	defer s.putScratch(sc)
 	plan(sc, dom, req)
+	// Decisions by failure mode open or closed carry no figures to count.
+	observe := s.observer != nil
 	if len(sc.reqs) > 0 {
-		if err := s.backend.Decide(ctx, sc.reqs, sc.decisions); err != nil {
-			if err := s.backendFailed(ctx, req.Domain, dom, sc, err); err != nil {
+		if err := s.decide(ctx, sc); err != nil {
+			mode, err := s.backendFailed(ctx, req.Domain, dom, sc, err)
+			if err != nil {
 				return nil, err
 			}
+			observe = observe && mode == config.FailLocal
 		}
 	}
 
@@ -103,9 +107,16 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		switch c.kind {
 		case unlimited:
 			st.LimitRemaining = math.MaxUint32
+			if observe {
+				s.observer.Decided(req.Domain, c.rule, req.Descriptors[i], OutcomeUnlimited, hitsOf(req, req.Descriptors[i]))
+			}
 		case counted:
 			j := mostRestrictive(sc.decisions[c.req : c.req+c.n])
 			d := &sc.decisions[c.req+j]
+			if observe {
+				r := &sc.reqs[c.req+j]
+				s.observer.Decided(req.Domain, c.rule, req.Descriptors[i], s.outcome(c, d, r.Limit), r.Hits)
+			}
 			st.CurrentLimit = currentLimit(c, j)
 			st.LimitRemaining = uint32(min(d.Remaining, math.MaxUint32))
 			st.DurationUntilReset = durationpb.New(d.ResetAfter)
@@ -156,16 +167,12 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 		}
 	}
 
-	hits := uint64(max(req.HitsAddend, 1))
 	for i, d := range req.Descriptors {
 		c := &sc.checks[i]
 		if c.kind != counted {
 			continue
 		}
-		h := hits
-		if dh := d.GetHitsAddend(); dh != nil {
-			h = dh.Value
-		}
+		h := hitsOf(req, d)
 		c.req = len(sc.reqs)
 		start := len(sc.keys)
 		sc.keys = appendDescriptor(sc.keys, req.Domain, d, c.rule)

@@ -44,8 +44,13 @@ type Options struct {
 	// replicas with a share of 1/k admit about N together. Default 1.
 	LocalShare float64
 	// Now is the clock the service's own bookkeeping reads (how often a
-	// failure is logged). Default time.Now.
+	// failure is logged, how long a backend call took). Default time.Now.
 	Now func() time.Time
+	// Observer, when set, is told of every decision and backend call.
+	Observer Observer
+	// NearLimitRatio is the share of a limit past which an admitted
+	// descriptor counts as near its limit. Default DefaultNearLimitRatio.
+	NearLimitRatio float64
 }
 
 // Service decides rate limits. Create it with [New]; it is safe for
@@ -67,6 +72,9 @@ type Service struct {
 	degraded    [numFailureModes]atomic.Uint64
 	failureLog  logLimiter
 	panics      atomic.Uint64 // handler panics recovered; see Panics
+
+	observer       Observer
+	nearLimitRatio float64
 }
 
 // New returns a service deciding with backend under rules.
@@ -95,6 +103,12 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.NearLimitRatio == 0 {
+		opts.NearLimitRatio = DefaultNearLimitRatio
+	}
+	if !(opts.NearLimitRatio > 0 && opts.NearLimitRatio <= 1) {
+		return nil, fmt.Errorf("service: near-limit ratio %v is not in (0, 1]", opts.NearLimitRatio)
+	}
 	s := &Service{
 		backend:     backend,
 		log:         opts.Logger,
@@ -105,6 +119,9 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		localShare:  opts.LocalShare,
 		now:         opts.Now,
 		failureLog:  logLimiter{every: failureLogInterval},
+
+		observer:       opts.Observer,
+		nearLimitRatio: opts.NearLimitRatio,
 	}
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
