@@ -38,6 +38,7 @@ type serveConfig struct {
 	httpTLS         tlsconfig.Files
 	debugAddr       string
 	watchConfig     bool
+	tracing         bool
 	localShare      float64
 	breaker         breaker.Options
 	logLevel        string
@@ -49,6 +50,8 @@ type serveConfig struct {
 	// fromEnv maps the flags set from the environment to their variable,
 	// so that errors name what the user wrote.
 	fromEnv map[string]string
+	// lookupEnv reads the environment (the OTEL_* variables of tracing).
+	lookupEnv func(string) (string, bool)
 }
 
 // source names where flag name was set: its environment variable, or the
@@ -63,6 +66,7 @@ func (c *serveConfig) source(name string) string {
 func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&c.config, "config", "config", "rule `path`: a YAML rule file, or a directory of *.yaml and *.yml rule files")
+	fs.BoolVar(&c.tracing, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
 	fs.BoolVar(&c.watchConfig, "watch-config", true, "reload the rules when the files under -config change (a bad set is rejected whole; the last good rules keep serving)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, grpc.health.v1, reflection); port 0 picks a free port")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen `address` (/json, /healthcheck, /rlconfig); port 0 picks a free port")

@@ -42,6 +42,7 @@ func serve(ctx context.Context, args []string, lookupEnv func(string) (string, b
 		fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
 		return exitUsage
 	}
+	c.lookupEnv = lookupEnv
 	if err := c.validate(); err != nil {
 		fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
 		return exitUsage
@@ -67,6 +68,24 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		return err
 	}
 	defer be.close()
+
+	var grpcOpts []grpc.ServerOption
+	if c.tracing {
+		tp, err := newTracerProvider(ctx, c.lookupEnv)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				log.Warn("tracing: spans not flushed at exit", "error", err)
+			}
+		}()
+		be.main = newTracedBackend(be.main, tp, c.backend)
+		grpcOpts = append(grpcOpts, tracingServerOptions(tp)...)
+		log.Info("tracing on: exporting spans as the OTEL_* variables say")
+	}
 
 	mode, _ := config.ParseFailureMode(c.failureMode) // validated
 	svc, err := service.New(be.main, rules, service.Options{
@@ -111,10 +130,10 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 
 	// A panicking handler is answered Internal and logged; the process stays.
-	grpcOpts := []grpc.ServerOption{
+	grpcOpts = append(grpcOpts,
 		grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()),
 		grpc.ChainStreamInterceptor(svc.StreamInterceptor()),
-	}
+	)
 	if grpcTLS != nil {
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(grpcTLS)))
 	}
