@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -65,6 +66,9 @@ func (s *Service) backendFailed(ctx context.Context, domain string, dom *config.
 		mode = config.FailOpen
 	}
 	s.degraded[failureIndex(mode)].Add(1)
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.DebugContext(ctx, "decided by the failure mode", "domain", domain, "failure_mode", string(mode), "error", err)
+	}
 	if ok, suppressed := s.failureLog.allow(s.now()); ok {
 		s.log.WarnContext(ctx, "backend failed; deciding by the failure mode",
 			"domain", domain, "failure_mode", string(mode), "error", err,
