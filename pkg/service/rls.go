@@ -68,6 +68,10 @@ func (d *rlsDescriptor) Entry(i int) (string, string) {
 // of its own: either all non-shadow descriptors are within all their
 // limits and all of them are counted, or the answer is OVER_LIMIT and
 // nothing is counted.
+//
+// With a [HeaderStyle] other than HeadersNone, the response asks Envoy to
+// add rate-limit headers (response_headers_to_add) describing the most
+// restrictive descriptor; see HeaderStyle.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := s.bounds.check(req); err != nil {
 		return nil, err.status()
@@ -88,8 +92,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	sc := s.getScratch(n)
 	defer s.putScratch(sc)
 	plan(sc, dom, req)
-	// Decisions by failure mode open or closed carry no figures to count.
+	// Decisions by failure mode open or closed carry no figures to count
+	// or to tell the client.
 	observe := s.observer != nil
+	var pick headerPick
+	figures := s.headers != HeadersNone
 	if len(sc.reqs) > 0 {
 		if err := s.decide(ctx, sc); err != nil {
 			mode, err := s.backendFailed(ctx, req.Domain, dom, sc, err)
@@ -97,6 +104,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				return nil, err
 			}
 			observe = observe && mode == config.FailLocal
+			figures = figures && mode == config.FailLocal
 		}
 	}
 
@@ -120,6 +128,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			st.CurrentLimit = currentLimit(c, j)
 			st.LimitRemaining = uint32(min(d.Remaining, math.MaxUint32))
 			st.DurationUntilReset = durationpb.New(d.ResetAfter)
+			if figures && c.takesPart() {
+				pick.consider(i, j, d)
+			}
 			if d.Allowed {
 				break
 			}
@@ -134,6 +145,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 					"rule", ruleID(c), "limit", j, "retry_after", d.RetryAfter)
 			}
 		}
+	}
+	if pick.d != nil {
+		resp.ResponseHeadersToAdd = s.responseHeaders(sc, &pick, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
 	}
 	return resp, nil
 }

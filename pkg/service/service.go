@@ -51,6 +51,10 @@ type Options struct {
 	// NearLimitRatio is the share of a limit past which an admitted
 	// descriptor counts as near its limit. Default DefaultNearLimitRatio.
 	NearLimitRatio float64
+	// ResponseHeaders is the style of the rate-limit headers answers ask
+	// Envoy to add (response_headers_to_add), and POST /json sends. Default
+	// HeadersNone: none. See [HeaderStyle].
+	ResponseHeaders HeaderStyle
 }
 
 // Service decides rate limits. Create it with [New]; it is safe for
@@ -75,6 +79,7 @@ type Service struct {
 
 	observer       Observer
 	nearLimitRatio float64
+	headers        HeaderStyle
 }
 
 // New returns a service deciding with backend under rules.
@@ -109,6 +114,9 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 	if !(opts.NearLimitRatio > 0 && opts.NearLimitRatio <= 1) {
 		return nil, fmt.Errorf("service: near-limit ratio %v is not in (0, 1]", opts.NearLimitRatio)
 	}
+	if opts.ResponseHeaders > HeadersStructured {
+		return nil, fmt.Errorf("service: unknown response header style %d", opts.ResponseHeaders)
+	}
 	s := &Service{
 		backend:     backend,
 		log:         opts.Logger,
@@ -122,6 +130,7 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 
 		observer:       opts.Observer,
 		nearLimitRatio: opts.NearLimitRatio,
+		headers:        opts.ResponseHeaders,
 	}
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
