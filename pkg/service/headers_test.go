@@ -2,7 +2,9 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -371,6 +373,35 @@ func TestResponseHeadersByFailureMode(t *testing.T) {
 	want := "RateLimit-Limit: 100\nRateLimit-Remaining: 99\nRateLimit-Reset: 6360\n"
 	if got := headerLines(f.call(t, req).ResponseHeadersToAdd); got != want {
 		t.Errorf("failure mode local:\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestJSONEndpointHeaders: POST /json sends the headers as HTTP headers,
+// and in the body's responseHeadersToAdd.
+func TestJSONEndpointHeaders(t *testing.T) {
+	f := newHeaderFixture(t, headerRules, HeadersXRateLimit)
+	body := `{"domain": "h", "descriptors": [{"entries": [{"key": "b", "value": "1"}]}]}`
+	for i, want := range []struct {
+		code       int
+		remaining  string
+		retryAfter string
+	}{{200, "2", ""}, {200, "1", ""}, {200, "0", ""}, {429, "0", "2760"}} {
+		code, hdr, got := f.http(t, "POST", "/json", body)
+		if code != want.code || hdr.Get("X-RateLimit-Limit") != "3" || hdr.Get("X-RateLimit-Remaining") != want.remaining ||
+			hdr.Get("X-RateLimit-Retry-After") != want.retryAfter || hdr.Get("Retry-After") != want.retryAfter {
+			t.Fatalf("call %d: %d %v %s", i, code, hdr, got)
+		}
+		var resp struct {
+			Headers []struct{ Key, Value string } `json:"responseHeadersToAdd"`
+		}
+		if err := json.Unmarshal([]byte(got), &resp); err != nil || len(resp.Headers) < 2 || resp.Headers[1].Key != "X-RateLimit-Remaining" || resp.Headers[1].Value != want.remaining {
+			t.Fatalf("call %d: body %s (%v)", i, got, err)
+		}
+	}
+	// The seed documents' spelling is what net/http writes.
+	_, hdr, _ := f.http(t, "POST", "/json", body)
+	if _, ok := hdr[http.CanonicalHeaderKey("X-Ratelimit-Retry-After")]; !ok {
+		t.Errorf("headers %v", hdr)
 	}
 }
 

@@ -27,7 +27,9 @@ const MaxJSONBody = 4 << 20
 //   - POST /json takes a RateLimitRequest as JSON (protojson) and answers
 //     the RateLimitResponse as JSON, 200 when OK and 429 when over the
 //     limit, as envoyproxy/ratelimit does; errors are {"error": "..."} with
-//     400 for bad input, 503 when the backend is unavailable.
+//     400 for bad input, 503 when the backend is unavailable. The
+//     response's response_headers_to_add (see [HeaderStyle]) are also
+//     sent as HTTP headers of the answer.
 //   - GET /healthcheck answers 200 "OK" while serving, 503 once draining.
 //   - GET /rlconfig lists the rules in force, one line per rule with every
 //     limit of the rule.
@@ -71,7 +73,11 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
 	if err := json.Compact(&compact, out); err == nil {
 		out = append(compact.Bytes(), '\n')
 	}
-	w.Header().Set("Content-Type", "application/json")
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/json")
+	for _, h := range resp.ResponseHeadersToAdd {
+		hdr.Add(h.GetKey(), h.GetValue())
+	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}
