@@ -92,7 +92,8 @@ type Explanation struct {
 	// the first entry that matches nothing, so it may be shorter than the
 	// descriptor.
 	Steps []Step
-	// Rule is the rule that applies, nil when none does.
+	// Rule is the rule the descriptor matches, the one Match returns;
+	// nil when none does.
 	Rule *Rule
 	// Outcome says why Rule is what it is.
 	Outcome Outcome
@@ -295,7 +296,7 @@ func (e *Explanation) Why() []string {
 	}
 	switch e.Outcome {
 	case Matched:
-		out = append(out, fmt.Sprintf("result: rule %s (%s) applies", e.Rule.ID, location(e.Rule)))
+		out = append(out, fmt.Sprintf("result: rule %s (%s) matches", e.Rule.ID, location(e.Rule)))
 	case EntryUnmatched:
 		out = append(out, fmt.Sprintf("result: no rule, level %d matched nothing", len(e.Steps)))
 	case NoRateLimit:

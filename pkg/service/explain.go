@@ -1,0 +1,434 @@
+package service
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+)
+
+// Results of an explained descriptor (ExplainDescriptor.Result).
+const (
+	// ExplainMatched: a rule applies and the descriptor is counted under
+	// every limit of it.
+	ExplainMatched = "matched"
+	// ExplainNoMatch: no rule applies (or the domain is unknown); the
+	// descriptor is answered OK without a limit and is not counted.
+	ExplainNoMatch = "no_match"
+	// ExplainOverride: the descriptor carries its own limit, counted in a
+	// counter of its own; rules are not consulted.
+	ExplainOverride = "override"
+	// ExplainReplaced: a rule matched, but another rule matched by the
+	// same request replaces it; answered as ExplainNoMatch.
+	ExplainReplaced = "replaced"
+	// ExplainUnlimited: an unlimited rule applies; admitted, not counted.
+	ExplainUnlimited = "unlimited"
+)
+
+// ExplainResponse is the body of a 200 answer of POST /explain: for a
+// RateLimitRequest, how each descriptor would be decided, without deciding
+// it. Nothing is counted and the backend is not called.
+type ExplainResponse struct {
+	// Domain is the request's domain; DomainKnown whether a rule file
+	// defines it, and DomainFile which one.
+	Domain      string `json:"domain"`
+	DomainKnown bool   `json:"domainKnown"`
+	DomainFile  string `json:"domainFile,omitempty"`
+	// RulesHash identifies the rules in force (as GET /rlconfig shows it).
+	RulesHash string `json:"rulesHash"`
+	// FailureMode is how the request would be decided if the backend
+	// failed: the domain's failure_mode, or else the server's ("local"
+	// without a fallback backend decides as "open"). FailureModeFrom says
+	// which: "domain" or "server". Both are empty for an unknown domain,
+	// whose requests never reach the backend.
+	FailureMode     string `json:"failureMode,omitempty"`
+	FailureModeFrom string `json:"failureModeFrom,omitempty"`
+	// Descriptors has one explanation per descriptor, in request order.
+	Descriptors []ExplainDescriptor `json:"descriptors"`
+}
+
+// ExplainDescriptor explains one descriptor of the request.
+type ExplainDescriptor struct {
+	// Entries are the descriptor's entries, as sent.
+	Entries []ExplainEntry `json:"entries"`
+	// Result is one of "matched", "no_match", "override", "replaced" or
+	// "unlimited"; see the Explain* constants.
+	Result string `json:"result"`
+	// NoMatchReason says, for result "no_match", why no rule applies:
+	// "unknown_domain", "entry_unmatched" (an entry matched nothing at its
+	// level), "no_rate_limit" (the descriptor ends on a rule-file
+	// descriptor without a rate_limit) or "empty_descriptor".
+	NoMatchReason string `json:"noMatchReason,omitempty"`
+	// Shadow is true when the descriptor is counted under a shadow_mode
+	// rule: decided and counted, but it never causes a refusal.
+	Shadow bool `json:"shadow"`
+	// Hits is what the descriptor would count: its hits_addend, else the
+	// request's, else 1.
+	Hits uint64 `json:"hits"`
+	// Rule is the rule matched, for results "matched", "replaced" and
+	// "unlimited".
+	Rule *ExplainRule `json:"rule,omitempty"`
+	// Override is the descriptor's own limit, for result "override".
+	Override *ExplainLimit `json:"override,omitempty"`
+	// ReplacedBy is, for result "replaced", the ID of the rule that
+	// replaces Rule; ReplacedName the name of Rule it names.
+	ReplacedBy   string `json:"replacedBy,omitempty"`
+	ReplacedName string `json:"replacedName,omitempty"`
+	// Keys are the counter keys the descriptor would be counted under,
+	// one per limit in the order of Rule.Limits (one for an override), as
+	// the service builds them (package key); a Redis backend prepends its
+	// key prefix. A key that is not printable UTF-8 is given Go-quoted,
+	// starting with a double quote (a key itself starts with a digit).
+	Keys []string `json:"keys,omitempty"`
+	// Levels is the walk down the domain's rules, one level per entry
+	// walked; empty for an override or an unknown domain.
+	Levels []ExplainLevel `json:"levels,omitempty"`
+	// Why says all of the above in sentences, for people.
+	Why []string `json:"why"`
+}
+
+// ExplainEntry is one entry of a descriptor.
+type ExplainEntry struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// ExplainLevel is how one entry matched its level of the rules.
+type ExplainLevel struct {
+	// Key and Value are the descriptor's entry.
+	Key   string `json:"key"`
+	Value string `json:"value"`
+	// Match is "value" (exactly), "wildcard", "key_default" (a rule-file
+	// descriptor with the key and no value) or "no_match".
+	Match string `json:"match"`
+	// Descriptor is the rule-file descriptor matched; nil for "no_match".
+	Descriptor *ExplainRuleDescriptor `json:"descriptor,omitempty"`
+	// Rule is the ID of the rule the matched descriptor holds, empty when
+	// it has no rate_limit.
+	Rule string `json:"rule,omitempty"`
+}
+
+// ExplainRuleDescriptor is a descriptor of a rule file: its key, its value
+// (a pattern ending in "*" for a wildcard, empty for a key-only
+// descriptor) and its share_threshold.
+type ExplainRuleDescriptor struct {
+	Key            string `json:"key"`
+	Value          string `json:"value,omitempty"`
+	Wildcard       bool   `json:"wildcard,omitempty"`
+	ShareThreshold bool   `json:"shareThreshold,omitempty"`
+}
+
+// ExplainRule is a rule as the explain API shows it.
+type ExplainRule struct {
+	// ID names the rule as envoyproxy/ratelimit's statistics do; Name is
+	// its rate_limit.name.
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+	// File and Line locate the rule-file descriptor holding the rule.
+	File string `json:"file"`
+	Line int    `json:"line"`
+	// Unlimited, ShadowMode and Replaces are as in the rule file.
+	Unlimited  bool     `json:"unlimited,omitempty"`
+	ShadowMode bool     `json:"shadowMode"`
+	Replaces   []string `json:"replaces,omitempty"`
+	// Limits are the rule's limits; none for an unlimited rule.
+	Limits []ExplainLimit `json:"limits,omitempty"`
+}
+
+// ExplainLimit is one limit.
+type ExplainLimit struct {
+	Name            string `json:"name,omitempty"`
+	RequestsPerUnit uint32 `json:"requestsPerUnit"`
+	// Unit is spelled as in RLS responses: SECOND, MINUTE, ...
+	Unit           string `json:"unit"`
+	UnitMultiplier uint32 `json:"unitMultiplier"`
+	Algorithm      string `json:"algorithm"`
+	// Burst is the bucket capacity of the algorithms that take one
+	// (burst, else requests_per_unit); omitted for the others.
+	Burst uint64 `json:"burst,omitempty"`
+}
+
+// serveExplain answers POST /explain. It takes the body of POST /json, a
+// RateLimitRequest in JSON (protojson), refuses it as POST /json does (400
+// with {"error": ...} naming the bound broken), and answers 200 with an
+// [ExplainResponse]: for each descriptor, the rule it matches and why,
+// whether another rule replaces it, and the counter keys it would use.
+//
+// It decides nothing: the backend, the fallback and the observer are not
+// called, so nothing is counted.
+func (s *Service) serveExplain(w http.ResponseWriter, r *http.Request) {
+	req, ok := readRLSRequest(w, r)
+	if !ok {
+		return
+	}
+	if err := s.bounds.check(req); err != nil {
+		writeJSONError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	out, err := json.Marshal(s.explain(req))
+	if err != nil {
+		writeJSONError(w, http.StatusInternalServerError, "encoding the response: "+err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(append(out, '\n'))
+}
+
+// readRLSRequest reads a RateLimitRequest in JSON from r's body, at most
+// MaxJSONBody bytes, as POST /json does. When it cannot, it answers the
+// error and returns false.
+func readRLSRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitRequest, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	if err != nil {
+		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+			writeJSONError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxJSONBody))
+			return nil, false
+		}
+		writeJSONError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+		return nil, false
+	}
+	req := &rlsv3.RateLimitRequest{}
+	if err := protojson.Unmarshal(body, req); err != nil {
+		writeJSONError(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON: "+err.Error())
+		return nil, false
+	}
+	return req, true
+}
+
+// explain explains req, a request within the bounds, under the rules in
+// force. It plans the request exactly as ShouldRateLimit does (plan), so
+// the results and keys are the ones a decision would use, and stops there.
+func (s *Service) explain(req *rlsv3.RateLimitRequest) *ExplainResponse {
+	rules := s.rules.Load()
+	resp := &ExplainResponse{
+		Domain:      req.Domain,
+		RulesHash:   rules.Hash(),
+		Descriptors: make([]ExplainDescriptor, len(req.Descriptors)),
+	}
+	for i, d := range req.Descriptors {
+		ed := &resp.Descriptors[i]
+		ed.Entries = make([]ExplainEntry, len(d.Entries))
+		for j, e := range d.Entries {
+			ed.Entries[j] = ExplainEntry{Key: e.Key, Value: e.Value}
+		}
+		ed.Hits = hitsOf(req, d)
+	}
+
+	dom := rules.Domain(req.Domain)
+	if dom == nil {
+		why := fmt.Sprintf("domain %q is not defined by any rule file (%s): the descriptor is answered OK without a limit and is not counted",
+			req.Domain, knownDomains(rules))
+		for i, d := range req.Descriptors {
+			ed := &resp.Descriptors[i]
+			ed.Result, ed.NoMatchReason = ExplainNoMatch, "unknown_domain"
+			ed.Why = []string{why}
+			if d.GetLimit() != nil {
+				ed.Why = append(ed.Why, "its limit override does not apply either: overrides apply only in a known domain")
+			}
+		}
+		return resp
+	}
+	resp.DomainKnown, resp.DomainFile = true, dom.File
+	resp.FailureMode, resp.FailureModeFrom = s.explainFailureMode(dom)
+
+	// The same plan as ShouldRateLimit's, on a scratch of its own, which
+	// is dropped unused by any backend.
+	sc := &scratch{checks: make([]check, len(req.Descriptors))}
+	plan(sc, dom, req)
+
+	for i, d := range req.Descriptors {
+		ed := &resp.Descriptors[i]
+		c := &sc.checks[i]
+		if c.kind == counted {
+			for _, r := range sc.reqs[c.req : c.req+c.n] {
+				ed.Keys = append(ed.Keys, printableKey(r.Key))
+			}
+		}
+		if c.override != nil {
+			ed.Result = ExplainOverride
+			ed.Override = overrideExplained(c.override)
+			ed.Why = []string{fmt.Sprintf("the descriptor carries its own limit (%s): it is counted under it, in a counter of its own, and the rules are not consulted",
+				limitText(*ed.Override))}
+			continue
+		}
+		// plan matched with Match; Explain says how, and agrees with it.
+		x := dom.Explain((*rlsDescriptor)(d))
+		ed.Levels = levelsExplained(x.Steps)
+		ed.Why = x.Why()
+		if c.rule != nil {
+			ed.Rule = ruleExplained(c.rule)
+		}
+		switch c.kind {
+		case noMatch:
+			ed.Result, ed.NoMatchReason = ExplainNoMatch, x.Outcome.String()
+			ed.Why = append(ed.Why, "the descriptor is answered OK without a limit and is not counted")
+		case unlimited:
+			ed.Result = ExplainUnlimited
+			ed.Why = append(ed.Why, fmt.Sprintf("rule %s is unlimited: the descriptor is admitted without being counted", c.rule.ID))
+		case replaced:
+			ed.Result = ExplainReplaced
+			if j, name := replacerOf(sc.checks, c.rule); j >= 0 {
+				by := sc.checks[j].rule
+				ed.ReplacedBy, ed.ReplacedName = by.ID, name
+				ed.Why = append(ed.Why, fmt.Sprintf("rule %s is replaced by rule %s (%s:%d), matched by descriptors[%d] of this request, which replaces %q: the descriptor is answered OK without a limit and is not counted",
+					c.rule.ID, by.ID, by.File, by.Line, j, name))
+			}
+		case counted:
+			ed.Result = ExplainMatched
+			ed.Shadow = c.rule.ShadowMode
+			limits := make([]string, len(ed.Rule.Limits))
+			for j, l := range ed.Rule.Limits {
+				limits[j] = limitText(l)
+			}
+			if len(limits) == 1 {
+				ed.Why = append(ed.Why, "the descriptor is counted under "+limits[0])
+			} else {
+				ed.Why = append(ed.Why, fmt.Sprintf("the descriptor is counted under %s, decided together: over any of them refuses it", strings.Join(limits, " and ")))
+			}
+			if ed.Shadow {
+				ed.Why = append(ed.Why, fmt.Sprintf("rule %s is in shadow mode: decided and counted like any other, but it never causes a refusal (OK, with 0 remaining when over)", c.rule.ID))
+			}
+		}
+	}
+	return resp
+}
+
+// replacerOf returns the index in checks of the first matched rule that
+// replaces a name of rule r, and the name, or -1. It is replacedBy's loop,
+// telling which rule.
+func replacerOf(checks []check, r *config.Rule) (int, string) {
+	for i := range checks {
+		if other := checks[i].rule; other != nil {
+			for _, name := range other.Replaces {
+				if r.HasName(name) {
+					return i, name
+				}
+			}
+		}
+	}
+	return -1, ""
+}
+
+// explainFailureMode returns the failure mode a backend failure would
+// decide dom's requests by, and where it comes from: as backendFailed
+// picks it.
+func (s *Service) explainFailureMode(dom *config.Domain) (mode, from string) {
+	m, from := dom.FailureMode, "domain"
+	if m == "" {
+		m, from = s.failureMode, "server"
+	}
+	if m == config.FailLocal && s.fallback == nil {
+		m = config.FailOpen
+	}
+	return string(m), from
+}
+
+func levelsExplained(steps []config.Step) []ExplainLevel {
+	out := make([]ExplainLevel, len(steps))
+	for i, st := range steps {
+		l := ExplainLevel{Key: st.Key, Value: st.Value, Match: st.Kind.String()}
+		if st.Kind != config.NoMatch {
+			l.Descriptor = &ExplainRuleDescriptor{Key: st.Elem.Key, Value: st.Elem.Value, Wildcard: st.Elem.Wildcard, ShareThreshold: st.Elem.ShareThreshold}
+		}
+		if st.Rule != nil {
+			l.Rule = st.Rule.ID
+		}
+		out[i] = l
+	}
+	return out
+}
+
+func ruleExplained(r *config.Rule) *ExplainRule {
+	er := &ExplainRule{
+		ID: r.ID, Name: r.Name, File: r.File, Line: r.Line,
+		Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, Replaces: r.Replaces,
+	}
+	for _, l := range r.Limits {
+		el := ExplainLimit{
+			Name:            l.Name,
+			RequestsPerUnit: l.RequestsPerUnit,
+			Unit:            strings.ToUpper(l.Unit.String()),
+			UnitMultiplier:  max(l.UnitMultiplier, 1),
+			Algorithm:       l.Algorithm.String(),
+		}
+		if l.Algorithm.UsesBurst() {
+			el.Burst = l.Capacity()
+		}
+		er.Limits = append(er.Limits, el)
+	}
+	return er
+}
+
+func overrideExplained(o *rlv3.RateLimitDescriptor_RateLimitOverride) *ExplainLimit {
+	l := overrideLimit(o)
+	el := &ExplainLimit{
+		RequestsPerUnit: o.RequestsPerUnit,
+		Unit:            strings.ToUpper(overrideUnit(o.Unit).String()),
+		UnitMultiplier:  1,
+		Algorithm:       l.Algorithm.String(),
+	}
+	if m := o.GetUnitMultiplier(); m != nil {
+		el.UnitMultiplier = m.Value
+	}
+	return el
+}
+
+// limitText describes a limit, such as "10 per 5 minutes (token_bucket,
+// burst 20)".
+func limitText(l ExplainLimit) string {
+	var b strings.Builder
+	unit := strings.ToLower(l.Unit)
+	if l.UnitMultiplier > 1 {
+		fmt.Fprintf(&b, "%d per %d %ss", l.RequestsPerUnit, l.UnitMultiplier, unit)
+	} else {
+		fmt.Fprintf(&b, "%d per %s", l.RequestsPerUnit, unit)
+	}
+	fmt.Fprintf(&b, " (%s", l.Algorithm)
+	if l.Burst != 0 {
+		fmt.Fprintf(&b, ", burst %d", l.Burst)
+	}
+	b.WriteByte(')')
+	if l.Name != "" {
+		fmt.Fprintf(&b, " named %q", l.Name)
+	}
+	return b.String()
+}
+
+// knownDomains lists the domains rules define, for a message: at most
+// ten names.
+func knownDomains(rules *config.Rules) string {
+	ds := rules.Domains()
+	if len(ds) == 0 {
+		return "no domain is defined"
+	}
+	const most = 10
+	names := make([]string, 0, min(len(ds), most))
+	for _, d := range ds[:min(len(ds), most)] {
+		names = append(names, strconv.Quote(d.Name))
+	}
+	s := "defined: " + strings.Join(names, ", ")
+	if len(ds) > most {
+		s += fmt.Sprintf(" and %d more", len(ds)-most)
+	}
+	return s
+}
+
+// printableKey returns key as it is when it is printable UTF-8, and
+// Go-quoted otherwise.
+func printableKey(key []byte) string {
+	if utf8.Valid(key) && strings.IndexFunc(string(key), func(r rune) bool { return !unicode.IsPrint(r) }) < 0 {
+		return string(key)
+	}
+	return strconv.Quote(string(key))
+}
