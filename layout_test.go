@@ -28,6 +28,7 @@ var allowedDeps = map[string][]string{
 	"internal/redistest":    {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key"},
 	"pkg/reload":            {"pkg/config"},
+	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
 	"pkg/tlsconfig":         {},
 	"cmd/ratelimitd":        {"*"},
 }
