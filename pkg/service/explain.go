@@ -240,7 +240,8 @@ func (s *Service) explain(req *rlsv3.RateLimitRequest) *ExplainResponse {
 		return resp
 	}
 	resp.DomainKnown, resp.DomainFile = true, dom.File
-	resp.FailureMode, resp.FailureModeFrom = s.explainFailureMode(dom)
+	mode, from := s.failureModeOf(dom)
+	resp.FailureMode, resp.FailureModeFrom = string(mode), from
 
 	// The same plan as ShouldRateLimit's, on a scratch of its own, which
 	// is dropped unused by any backend.
@@ -318,20 +319,6 @@ func replacerOf(checks []check, r *config.Rule) (int, string) {
 		}
 	}
 	return -1, ""
-}
-
-// explainFailureMode returns the failure mode a backend failure would
-// decide dom's requests by, and where it comes from: as backendFailed
-// picks it.
-func (s *Service) explainFailureMode(dom *config.Domain) (mode, from string) {
-	m, from := dom.FailureMode, "domain"
-	if m == "" {
-		m, from = s.failureMode, "server"
-	}
-	if m == config.FailLocal && s.fallback == nil {
-		m = config.FailOpen
-	}
-	return string(m), from
 }
 
 func levelsExplained(steps []config.Step) []ExplainLevel {

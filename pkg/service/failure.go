@@ -58,13 +58,7 @@ func (s *Service) backendFailed(ctx context.Context, domain string, dom *config.
 		// The caller gave up or ran out of time: it sees that, not a policy.
 		return "", status.FromContextError(ctxErr).Err()
 	}
-	mode := dom.FailureMode
-	if mode == "" {
-		mode = s.failureMode
-	}
-	if mode == config.FailLocal && s.fallback == nil {
-		mode = config.FailOpen
-	}
+	mode, _ := s.failureModeOf(dom)
 	s.degraded[failureIndex(mode)].Add(1)
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "decided by the failure mode", "domain", domain, "failure_mode", string(mode), "error", err)
@@ -91,6 +85,20 @@ func (s *Service) backendFailed(ctx context.Context, domain string, dom *config.
 		sc.decisions[i] = algo.Decision{Allowed: allowed}
 	}
 	return mode, nil
+}
+
+// failureModeOf returns the failure mode dom's requests are decided by
+// when the backend fails, and where it is set: "domain" (its rule file) or
+// "server". Without a fallback, local is open.
+func (s *Service) failureModeOf(dom *config.Domain) (config.FailureMode, string) {
+	m, from := dom.FailureMode, "domain"
+	if m == "" {
+		m, from = s.failureMode, "server"
+	}
+	if m == config.FailLocal && s.fallback == nil {
+		m = config.FailOpen
+	}
+	return m, from
 }
 
 // share scales l to a replica's share f of it, rounding up so that no
