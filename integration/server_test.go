@@ -456,3 +456,46 @@ func TestHotReload(t *testing.T) {
 		t.Errorf("/metrics does not count the one good reload")
 	}
 }
+
+// TestHeadersAndExplain runs the server with -response-headers ratelimit:
+// the refused /json call carries RateLimit-* and Retry-After; and POST
+// /explain tells which rule a descriptor matched without counting it.
+func TestHeadersAndExplain(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, "-response-headers", "ratelimit")
+	body := `{"domain": "auth", "descriptors": [{"entries": [{"key": "auth_type", "value": "basic"}]}]}`
+	post := func(path string) (*http.Response, string) {
+		resp, err := http.Post("http://"+s.httpAddr+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	for range 3 {
+		if resp, b := post("/explain"); resp.StatusCode != http.StatusOK || !strings.Contains(b, `"result":"matched"`) || !strings.Contains(b, "basic_auth_logins") {
+			t.Fatalf("/explain: %d %s", resp.StatusCode, b)
+		}
+	}
+	// 5 per minute: explaining consumed nothing, so no call before the 6th
+	// is refused, and one by the 11th is (a minute boundary may fall
+	// between the calls).
+	for i := 1; i <= 11; i++ {
+		resp, b := post("/json")
+		if resp.StatusCode == http.StatusOK {
+			if got := resp.Header.Get("RateLimit-Limit"); got != "5" {
+				t.Fatalf("call %d: RateLimit-Limit %q, want 5", i, got)
+			}
+			continue
+		}
+		if resp.StatusCode != http.StatusTooManyRequests || i < 6 {
+			t.Fatalf("call %d: %d %s", i, resp.StatusCode, b)
+		}
+		if resp.Header.Get("Retry-After") == "" || resp.Header.Get("RateLimit-Remaining") != "0" || resp.Header.Get("RateLimit-Reset") != resp.Header.Get("Retry-After") {
+			t.Errorf("refused call: headers %v", resp.Header)
+		}
+		return
+	}
+	t.Fatal("no call was refused")
+}

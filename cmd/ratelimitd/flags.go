@@ -39,6 +39,8 @@ type serveConfig struct {
 	debugAddr       string
 	watchConfig     bool
 	tracing         bool
+	responseHeaders service.HeaderStyle
+	nearLimitRatio  float64
 	localShare      float64
 	breaker         breaker.Options
 	logLevel        string
@@ -66,6 +68,8 @@ func (c *serveConfig) source(name string) string {
 func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&c.config, "config", "config", "rule `path`: a YAML rule file, or a directory of *.yaml and *.yml rule files")
+	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*) or structured (RateLimit-Policy and RateLimit); Retry-After when over the limit")
+	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", service.DefaultNearLimitRatio, "share of a limit past which an admitted descriptor counts as near_limit in the metrics")
 	fs.BoolVar(&c.tracing, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
 	fs.BoolVar(&c.watchConfig, "watch-config", true, "reload the rules when the files under -config change (a bad set is rejected whole; the last good rules keep serving)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, grpc.health.v1, reflection); port 0 picks a free port")
@@ -179,6 +183,9 @@ func (c *serveConfig) validate() error {
 	}
 	if _, err := config.ParseFailureMode(c.failureMode); err != nil {
 		return fmt.Errorf("invalid %s %q; accepted: open, closed, error, local", c.source("failure-mode"), c.failureMode)
+	}
+	if !(c.nearLimitRatio > 0 && c.nearLimitRatio <= 1) {
+		return fmt.Errorf("invalid %s %v; it must be above 0 and at most 1", c.source("near-limit-ratio"), c.nearLimitRatio)
 	}
 	if !(c.localShare > 0 && c.localShare <= 1) {
 		return fmt.Errorf("invalid %s %v; it must be above 0 and at most 1", c.source("local-share"), c.localShare)

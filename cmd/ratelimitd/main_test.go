@@ -92,6 +92,8 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"-backend", "redis", "-redis-url", "redis://:hunter2@a:1,redis://b:2"}, `invalid -redis-url: redis: standalone mode takes one address`},
 		{nil, []string{"-backend", "redis", "-redis-url", "http://:hunter2@a:1"}, `invalid -redis-url: redis: address 1 of the URL (http://:xxxxx@a:1)`},
 		{nil, []string{"-local-cache-keys", "-1"}, `invalid -local-cache-keys -1; it must not be negative`},
+		{nil, []string{"-response-headers", "draft"}, `invalid value "draft" for flag -response-headers`},
+		{nil, []string{"-near-limit-ratio", "0"}, `invalid -near-limit-ratio 0; it must be above 0 and at most 1`},
 		{nil, []string{"-failure-mode", "deny"}, `invalid -failure-mode "deny"; accepted: open, closed, error, local`},
 		{env{"RATELIMITD_LOCAL_SHARE": "1.5"}, nil, `invalid RATELIMITD_LOCAL_SHARE 1.5; it must be above 0 and at most 1`},
 		{nil, []string{"-backend-timeout", "0s"}, `invalid -backend-timeout 0s; it must be positive`},

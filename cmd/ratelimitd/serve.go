@@ -91,6 +91,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	svc, err := service.New(be.main, rules, service.Options{
 		Logger: log, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
+		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
 	})
 	if err != nil {
 		return err

@@ -2,9 +2,7 @@ package service
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,7 +11,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
@@ -185,27 +182,6 @@ func (s *Service) serveExplain(w http.ResponseWriter, r *http.Request) {
 	w.Write(append(out, '\n'))
 }
 
-// readRLSRequest reads a RateLimitRequest in JSON from r's body, at most
-// MaxJSONBody bytes, as POST /json does. When it cannot, it answers the
-// error and returns false.
-func readRLSRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitRequest, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
-	if err != nil {
-		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-			writeJSONError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxJSONBody))
-			return nil, false
-		}
-		writeJSONError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
-		return nil, false
-	}
-	req := &rlsv3.RateLimitRequest{}
-	if err := protojson.Unmarshal(body, req); err != nil {
-		writeJSONError(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON: "+err.Error())
-		return nil, false
-	}
-	return req, true
-}
-
 // explain explains req, a request within the bounds, under the rules in
 // force. It plans the request exactly as ShouldRateLimit does (plan), so
 // the results and keys are the ones a decision would use, and stops there.
@@ -303,22 +279,6 @@ func (s *Service) explain(req *rlsv3.RateLimitRequest) *ExplainResponse {
 		}
 	}
 	return resp
-}
-
-// replacerOf returns the index in checks of the first matched rule that
-// replaces a name of rule r, and the name, or -1. It is replacedBy's loop,
-// telling which rule.
-func replacerOf(checks []check, r *config.Rule) (int, string) {
-	for i := range checks {
-		if other := checks[i].rule; other != nil {
-			for _, name := range other.Replaces {
-				if r.HasName(name) {
-					return i, name
-				}
-			}
-		}
-	}
-	return -1, ""
 }
 
 func levelsExplained(steps []config.Step) []ExplainLevel {

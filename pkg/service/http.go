@@ -33,30 +33,24 @@ const MaxJSONBody = 4 << 20
 //   - GET /healthcheck answers 200 "OK" while serving, 503 once draining.
 //   - GET /rlconfig lists the rules in force, one line per rule with every
 //     limit of the rule.
+//   - POST /explain takes the /json body and answers 200 with an
+//     [ExplainResponse]: which rule each descriptor matched and why, and
+//     the counter keys it would use. It decides and counts nothing.
 func (s *Service) HTTPHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /json", s.serveJSON)
 	mux.HandleFunc("GET /healthcheck", s.serveHealthcheck)
 	mux.HandleFunc("GET /rlconfig", s.serveRLConfig)
+	mux.HandleFunc("POST /explain", s.serveExplain)
 	return mux
 }
 
 func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
-	if err != nil {
-		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-			writeJSONError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxJSONBody))
-			return
-		}
-		writeJSONError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+	req, ok := readRLSRequest(w, r)
+	if !ok {
 		return
 	}
-	var req rlsv3.RateLimitRequest
-	if err := protojson.Unmarshal(body, &req); err != nil {
-		writeJSONError(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON: "+err.Error())
-		return
-	}
-	resp, err := s.ShouldRateLimit(r.Context(), &req)
+	resp, err := s.ShouldRateLimit(r.Context(), req)
 	if err != nil {
 		st := status.Convert(err)
 		writeJSONError(w, httpStatus(st.Code()), st.Message())
@@ -175,4 +169,25 @@ func writeRule(w io.Writer, r *config.Rule) {
 		fmt.Fprintf(w, ", metadata: %s", md)
 	}
 	fmt.Fprintf(w, " (%s:%d)\n", r.File, r.Line)
+}
+
+// readRLSRequest reads a RateLimitRequest in JSON from r's body, at most
+// MaxJSONBody bytes, as POST /json does. When it cannot, it answers the
+// error and returns false.
+func readRLSRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitRequest, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+	if err != nil {
+		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+			writeJSONError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxJSONBody))
+			return nil, false
+		}
+		writeJSONError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+		return nil, false
+	}
+	req := &rlsv3.RateLimitRequest{}
+	if err := protojson.Unmarshal(body, req); err != nil {
+		writeJSONError(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON: "+err.Error())
+		return nil, false
+	}
+	return req, true
 }

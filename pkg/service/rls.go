@@ -229,16 +229,23 @@ func (sc *scratch) add(l algo.Limit, hits uint64, shadow bool) {
 // replacedBy reports whether any matched rule in checks replaces a name of
 // rule r.
 func replacedBy(checks []check, r *config.Rule) bool {
+	i, _ := replacerOf(checks, r)
+	return i >= 0
+}
+
+// replacerOf returns the index in checks of the first matched rule that
+// replaces a name of rule r, and the name, or -1.
+func replacerOf(checks []check, r *config.Rule) (int, string) {
 	for i := range checks {
 		if other := checks[i].rule; other != nil {
 			for _, name := range other.Replaces {
 				if r.HasName(name) {
-					return true
+					return i, name
 				}
 			}
 		}
 	}
-	return false
+	return -1, ""
 }
 
 // mostRestrictive returns the index of the decision that describes a
