@@ -24,7 +24,8 @@ const dashboardPath = "../../deploy/grafana/ratelimitd.json"
 // cmdMetrics are the metrics cmd/ratelimitd/metrics.go registers itself,
 // copied from it (cmd is package main and cannot be imported): name, type
 // and const labels, each mode of failure_mode_decisions_total apart. Keep
-// in step with that file; a test of cmd checks the real /metrics.
+// in step with that file; a test of cmd should check this same list
+// against the real GET /metrics.
 var cmdMetrics = []struct {
 	name   string
 	gauge  bool
