@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -498,4 +499,44 @@ func TestHeadersAndExplain(t *testing.T) {
 		return
 	}
 	t.Fatal("no call was refused")
+}
+
+// TestDashboardMetricsExist scrapes the real /metrics of a server on Redis
+// with every optional part on, and checks that each metric the Grafana
+// dashboard queries is there.
+func TestDashboardMetricsExist(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	s := startServer(t, "-backend", "redis", "-redis-url", srv.URL, "-local-cache-keys", "100",
+		"-redis-prefix", fmt.Sprintf("dash:%d:", time.Now().UnixNano()))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := rlsv3.NewRateLimitServiceClient(s.dial(t)).ShouldRateLimit(ctx, basicAuth()); err != nil {
+		t.Fatal(err)
+	}
+	exposed := make(map[string]bool)
+	for _, line := range strings.Split(httpGet(t, "http://"+s.httpAddr+"/metrics"), "\n") {
+		if name, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			exposed[strings.Fields(name)[0]] = true
+		}
+	}
+	dash, err := os.ReadFile("../deploy/grafana/ratelimitd.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	queried := regexp.MustCompile(`ratelimitd_[a-z0-9_]+`).FindAllString(string(dash), -1)
+	if len(queried) == 0 {
+		t.Fatal("the dashboard queries no ratelimitd metric")
+	}
+	for _, name := range queried {
+		base := name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if b, ok := strings.CutSuffix(name, suffix); ok && exposed[b] {
+				base = b
+			}
+		}
+		if !exposed[base] {
+			t.Errorf("the dashboard queries %s, which /metrics does not expose", name)
+		}
+	}
 }

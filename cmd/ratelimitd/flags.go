@@ -12,6 +12,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/metrics"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/tlsconfig"
 )
@@ -21,33 +22,34 @@ const envPrefix = "RATELIMITD_"
 
 // serveConfig is everything serve is configured with.
 type serveConfig struct {
-	config          string
-	grpcAddr        string
-	httpAddr        string
-	backend         string
-	memoryMaxKeys   int
-	redis           redis.Config
-	redisMode       string
-	redisPrefix     string
-	redisHashTag    string
-	redisClock      string
-	localCacheKeys  int
-	clockOffset     time.Duration
-	failureMode     string
-	grpcTLS         tlsconfig.Files
-	httpTLS         tlsconfig.Files
-	debugAddr       string
-	watchConfig     bool
-	tracing         bool
-	responseHeaders service.HeaderStyle
-	nearLimitRatio  float64
-	localShare      float64
-	breaker         breaker.Options
-	logLevel        string
-	logFormat       string
-	shutdownTimeout time.Duration
-	bounds          service.Bounds
-	maxHits         uint64
+	config            string
+	grpcAddr          string
+	httpAddr          string
+	backend           string
+	memoryMaxKeys     int
+	redis             redis.Config
+	redisMode         string
+	redisPrefix       string
+	redisHashTag      string
+	redisClock        string
+	localCacheKeys    int
+	clockOffset       time.Duration
+	failureMode       string
+	grpcTLS           tlsconfig.Files
+	httpTLS           tlsconfig.Files
+	debugAddr         string
+	watchConfig       bool
+	tracing           bool
+	responseHeaders   service.HeaderStyle
+	nearLimitRatio    float64
+	maxDetailedSeries int
+	localShare        float64
+	breaker           breaker.Options
+	logLevel          string
+	logFormat         string
+	shutdownTimeout   time.Duration
+	bounds            service.Bounds
+	maxHits           uint64
 
 	// fromEnv maps the flags set from the environment to their variable,
 	// so that errors name what the user wrote.
@@ -70,6 +72,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.config, "config", "config", "rule `path`: a YAML rule file, or a directory of *.yaml and *.yml rule files")
 	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*) or structured (RateLimit-Policy and RateLimit); Retry-After when over the limit")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", service.DefaultNearLimitRatio, "share of a limit past which an admitted descriptor counts as near_limit in the metrics")
+	fs.IntVar(&c.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
 	fs.BoolVar(&c.tracing, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
 	fs.BoolVar(&c.watchConfig, "watch-config", true, "reload the rules when the files under -config change (a bad set is rejected whole; the last good rules keep serving)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, grpc.health.v1, reflection); port 0 picks a free port")

@@ -22,6 +22,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/metrics"
 	"github.com/ratelimitd/ratelimitd/pkg/reload"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -87,11 +88,16 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		log.Info("tracing on: exporting spans as the OTEL_* variables say")
 	}
 
+	mets, err := metrics.New(reg, metrics.Options{Logger: log, MaxDetailedSeries: c.maxDetailedSeries})
+	if err != nil {
+		return err
+	}
 	mode, _ := config.ParseFailureMode(c.failureMode) // validated
 	svc, err := service.New(be.main, rules, service.Options{
 		Logger: log, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
+		Observer: mets,
 	})
 	if err != nil {
 		return err
