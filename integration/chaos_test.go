@@ -165,7 +165,7 @@ func TestRedisFailures(t *testing.T) {
 				checkChaos(t, mode, calls, down, back, resumed)
 				metrics := httpGet(t, "http://"+srv.httpAddr+"/metrics")
 				for _, want := range []string{
-					`ratelimitd_failure_mode_decisions_total{mode="` + mode + `"} `,
+					`ratelimitd_failure_mode_decisions_total{domain="chaos",mode="` + mode + `"} `,
 					"ratelimitd_backend_circuit_opens_total ",
 					"ratelimitd_backend_circuit_state 0\n",
 				} {

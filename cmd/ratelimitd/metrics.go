@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -10,7 +11,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
-	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/reload"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -74,14 +74,29 @@ func registerBreaker(reg prometheus.Registerer, b *breaker.Breaker) {
 	)
 }
 
-// registerService exports the service's decisions taken by a failure mode
-// and the panics it recovered.
-func registerService(reg prometheus.Registerer, s *service.Service) {
-	reg.MustRegister(counter("", "panics_total", "Handler panics recovered: answered Internal (or 500) and logged.", nil, s.Panics))
-	for _, m := range []config.FailureMode{config.FailOpen, config.FailClosed, config.FailError, config.FailLocal} {
-		reg.MustRegister(counter("", "failure_mode_decisions_total", "Requests decided by a failure mode because the backend failed.",
-			prometheus.Labels{"mode": string(m)}, func() uint64 { return s.DegradedDecisions(m) }))
-	}
+// registerService exports the panics the service recovered and the rules
+// in force: their hash (as a label of ratelimitd_config_info) and when
+// they were loaded. Its decisions are pkg/metrics'.
+func registerService(reg prometheus.Registerer, s *service.Service, loaded func() time.Time) {
+	reg.MustRegister(
+		counter("", "panics_total", "Handler panics recovered: answered Internal (or 500) and logged.", nil, s.Panics),
+		rulesInfo{s},
+		gauge("config", "loaded_timestamp_seconds", "Unix time the rules in force were loaded.", func() float64 {
+			return float64(loaded().UnixNano()) / 1e9
+		}),
+	)
+}
+
+// rulesInfo exports ratelimitd_config_info{hash} 1 for the rules in force.
+type rulesInfo struct{ s *service.Service }
+
+var rulesInfoDesc = prometheus.NewDesc(metricsNamespace+"_config_info",
+	"The rules in force: 1, with their hash (as logged and shown by /rlconfig) as a label.", []string{"hash"}, nil)
+
+func (rulesInfo) Describe(ch chan<- *prometheus.Desc) { ch <- rulesInfoDesc }
+
+func (r rulesInfo) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(rulesInfoDesc, prometheus.GaugeValue, 1, r.s.Rules().Hash())
 }
 
 // registerReload exports the rule watcher's reloads and rejections.

@@ -92,6 +92,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	mets.Rules(rules)
 	mode, _ := config.ParseFailureMode(c.failureMode) // validated
 	svc, err := service.New(be.main, rules, service.Options{
 		Logger: log, Bounds: c.bounds,
@@ -102,9 +103,20 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	registerService(reg, svc)
+	// The rules in force were loaded now, or at the watcher's last reload.
+	loadedAt, loaded := time.Now(), func() time.Time { return time.Time{} }
+	registerService(reg, svc, func() time.Time {
+		if t := loaded(); t.After(loadedAt) {
+			return t
+		}
+		return loadedAt
+	})
 	if c.watchConfig {
-		rw, err := reload.New(reload.Options{Path: c.config, Apply: svc.SetRules, Logger: log, Current: rules})
+		apply := func(r *config.Rules) {
+			svc.SetRules(r)
+			mets.Rules(r)
+		}
+		rw, err := reload.New(reload.Options{Path: c.config, Apply: apply, Logger: log, Current: rules})
 		if err != nil {
 			// Serving without reload beats not serving (the inotify limit,
 			// say); a restart still picks up new rules.
@@ -112,6 +124,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		} else {
 			go rw.Run(ctx)
 			registerReload(reg, rw)
+			loaded = rw.LastReload
 			log.Info("watching rules for changes", "path", c.config)
 		}
 	}

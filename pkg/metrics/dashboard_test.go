@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -23,9 +22,8 @@ const dashboardPath = "../../deploy/grafana/ratelimitd.json"
 
 // cmdMetrics are the metrics cmd/ratelimitd/metrics.go registers itself,
 // copied from it (cmd is package main and cannot be imported): name, type
-// and const labels, each mode of failure_mode_decisions_total apart. Keep
-// in step with that file; a test of cmd should check this same list
-// against the real GET /metrics.
+// and const labels. Keep in step with that file; TestDashboardMetricsExist
+// in integration/ checks the dashboard against a real server's /metrics.
 var cmdMetrics = []struct {
 	name   string
 	gauge  bool
@@ -43,13 +41,11 @@ var cmdMetrics = []struct {
 	{name: "ratelimitd_backend_rejected_total"},
 	{name: "ratelimitd_backend_circuit_opens_total"},
 	{name: "ratelimitd_panics_total"},
-	{name: "ratelimitd_failure_mode_decisions_total", labels: prometheus.Labels{"mode": string(config.FailOpen)}},
-	{name: "ratelimitd_failure_mode_decisions_total", labels: prometheus.Labels{"mode": string(config.FailClosed)}},
-	{name: "ratelimitd_failure_mode_decisions_total", labels: prometheus.Labels{"mode": string(config.FailError)}},
-	{name: "ratelimitd_failure_mode_decisions_total", labels: prometheus.Labels{"mode": string(config.FailLocal)}},
 	{name: "ratelimitd_config_reloads_total"},
 	{name: "ratelimitd_config_reload_rejections_total"},
 	{name: "ratelimitd_config_last_reload_timestamp_seconds", gauge: true},
+	{name: "ratelimitd_config_loaded_timestamp_seconds", gauge: true},
+	{name: "ratelimitd_config_info", gauge: true, labels: prometheus.Labels{"hash": "0"}},
 }
 
 // exported returns the metric families ratelimitd exports, gathered from a
@@ -71,6 +67,7 @@ func exported(t *testing.T) map[string]*dto.MetricFamily {
 	m.Decided("messaging", rules.Match(descriptor{d}), d, service.OutcomeUnlimited, 1)
 	m.BackendCall(time.Millisecond, nil)
 	m.BackendCall(time.Millisecond, errors.New("down"))
+	m.Rules(parseRules(t))
 	for _, c := range cmdMetrics {
 		zero := func() float64 { return 0 }
 		opts := prometheus.Opts{Name: c.name, Help: c.name, ConstLabels: c.labels}

@@ -95,10 +95,11 @@ const maxDetailedLabel = 1024
 const (
 	helpDecisions = "Descriptors decided, by domain, rule and result (ok, near_limit, over_limit, shadow_mode, unlimited). " +
 		"rule is the rule ID, override for a descriptor's own limit, or a label naming descriptor values where the rule opts in."
-	helpHits    = "Hits asked for by decided descriptors, whatever the result, by domain and rule."
-	helpDropped = "Decisions counted under their plain rule ID because their detailed rule label was not made: the cap on detailed labels was reached, or the label was over 1024 bytes."
-	helpLatency = "Time taken by backend calls, failed ones included, except those refused at once by an open circuit."
-	helpErrors  = "Backend calls that failed, by kind: timeout, circuit_open (refused by the open circuit), canceled (by the caller) or other."
+	helpHits     = "Hits asked for by decided descriptors, whatever the result, by domain and rule."
+	helpDropped  = "Decisions counted under their plain rule ID because their detailed rule label was not made: the cap on detailed labels was reached, or the label was over 1024 bytes."
+	helpLatency  = "Time taken by backend calls, failed ones included, except those refused at once by an open circuit."
+	helpErrors   = "Backend calls that failed, by kind: timeout, circuit_open (refused by the open circuit), canceled (by the caller) or other."
+	helpDegraded = "Requests decided by a failure mode (open, closed, error, local) because the backend failed, by domain and mode."
 )
 
 // Options configure [New]. The zero value selects every default.
@@ -173,6 +174,7 @@ type Metrics struct {
 	hits      *prometheus.CounterVec // domain, rule
 	dropped   prometheus.Counter
 	latency   prometheus.Histogram
+	degraded  *prometheus.CounterVec // domain, mode
 	errs      [numKinds]prometheus.Counter
 
 	log         *slog.Logger
@@ -252,6 +254,10 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 		byID:        make(map[ruleKey]*series),
 		detailed:    make(map[string]*series),
 	}
+	m.degraded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "failure_mode_decisions_total",
+		Help: helpDegraded,
+	}, []string{"domain", "mode"})
 	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "backend", Name: "call_errors_total",
 		Help: helpErrors,
@@ -260,7 +266,7 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 		m.errs[k] = errs.WithLabelValues(k.String())
 	}
 	m.override.Store(&map[string]*series{})
-	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.dropped, m.latency, errs} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.dropped, m.latency, errs, m.degraded} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
@@ -288,6 +294,25 @@ func (m *Metrics) Decided(domain string, rule *config.Rule, d *rlv3.RateLimitDes
 		return
 	}
 	m.decisions.WithLabelValues(s.domain, s.rule, o.String()).Inc()
+}
+
+// Rules makes the failure-mode series of every domain of rules, at zero,
+// so that dashboards and alerts see them before the first failure. Call it
+// with the rules at start and after each reload; series of domains that
+// went away stay, bounded by the domains ever loaded.
+func (m *Metrics) Rules(rules *config.Rules) {
+	for _, d := range rules.Domains() {
+		for _, mode := range []config.FailureMode{config.FailOpen, config.FailClosed, config.FailError, config.FailLocal} {
+			m.degraded.WithLabelValues(d.Name, string(mode))
+		}
+	}
+}
+
+// FailureMode counts a request decided by a failure mode; it implements
+// [service.Observer]. Domains come from the rule files: the service
+// reports none for an unknown domain.
+func (m *Metrics) FailureMode(domain string, mode config.FailureMode) {
+	m.degraded.WithLabelValues(domain, string(mode)).Inc()
 }
 
 // BackendCall times and classifies one backend call; it implements

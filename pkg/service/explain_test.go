@@ -90,6 +90,10 @@ func (o forbiddenObserver) BackendCall(time.Duration, error) {
 	o.t.Error("the observer was told of a backend call")
 }
 
+func (o forbiddenObserver) FailureMode(string, config.FailureMode) {
+	o.t.Error("the observer was told of a failure mode decision")
+}
+
 // newExplainService returns a service on the explain test rules whose
 // backend and observer fail the test when called.
 func newExplainService(t *testing.T, opts Options) *Service {
@@ -495,6 +499,7 @@ type nopObserver struct{}
 
 func (nopObserver) Decided(string, *config.Rule, *rlv3.RateLimitDescriptor, Outcome, uint64) {}
 func (nopObserver) BackendCall(time.Duration, error)                                         {}
+func (nopObserver) FailureMode(string, config.FailureMode)                                   {}
 
 func TestExplainHits(t *testing.T) {
 	svc := newExplainService(t, Options{})

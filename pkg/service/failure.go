@@ -60,6 +60,9 @@ func (s *Service) backendFailed(ctx context.Context, domain string, dom *config.
 	}
 	mode, _ := s.failureModeOf(dom)
 	s.degraded[failureIndex(mode)].Add(1)
+	if s.observer != nil {
+		s.observer.FailureMode(domain, mode)
+	}
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "decided by the failure mode", "domain", domain, "failure_mode", string(mode), "error", err)
 	}

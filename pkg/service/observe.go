@@ -56,6 +56,9 @@ type Observer interface {
 	// BackendCall reports one call of the backend: how long it took and
 	// its error, nil when it succeeded.
 	BackendCall(took time.Duration, err error)
+	// FailureMode reports a request of domain decided by failure mode m
+	// because the backend failed.
+	FailureMode(domain string, m config.FailureMode)
 }
 
 // DefaultNearLimitRatio is the share of a limit past which an admitted

@@ -39,6 +39,12 @@ func (r *recorder) BackendCall(took time.Duration, err error) {
 	}
 }
 
+func (r *recorder) FailureMode(domain string, m config.FailureMode) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.outcomes = append(r.outcomes, domain+" failure_mode "+string(m))
+}
+
 func itoa(n uint64) string {
 	if n < 10 {
 		return string(rune('0' + n))
@@ -92,14 +98,14 @@ func TestObserver(t *testing.T) {
 		t.Errorf("backend calls %d (%d failed), want 5 (the last request needs none)", rec.calls, rec.errs)
 	}
 
-	// A failing backend is reported; decisions by failure mode open carry
-	// no figures and are not.
+	// A failing backend is reported, and the failure mode that decided;
+	// decisions by failure mode open carry no figures and are not.
 	rec2 := &recorder{}
 	f2 := newFixtureOpts(t, testRules, failingBackend{}, clk, Options{Observer: rec2})
 	if _, err := f2.svc.ShouldRateLimit(context.Background(), request("messaging", desc("to_number", "1"))); err != nil {
 		t.Fatal(err)
 	}
-	if rec2.calls != 1 || rec2.errs != 1 || len(rec2.outcomes) != 0 {
-		t.Errorf("failing backend: %d calls, %d errors, outcomes %q; want 1, 1, none", rec2.calls, rec2.errs, rec2.outcomes)
+	if rec2.calls != 1 || rec2.errs != 1 || len(rec2.outcomes) != 1 || rec2.outcomes[0] != "messaging failure_mode open" {
+		t.Errorf("failing backend: %d calls, %d errors, outcomes %q; want 1, 1, only the failure mode", rec2.calls, rec2.errs, rec2.outcomes)
 	}
 }
