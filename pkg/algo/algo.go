@@ -37,6 +37,11 @@ type Request struct {
 	// Shadow marks a request that is decided and consumed like any other
 	// but whose refusal never refuses the rest of its batch.
 	Shadow bool
+	// Peek marks a request that is decided like any other, for its hits,
+	// with the same answer, but whose state is never stored: it consumes
+	// nothing. (A later request of the batch for the same key still sees
+	// its hits, as it would a request's that is stored.)
+	Peek bool
 }
 
 // Decision is the answer to one [Request].

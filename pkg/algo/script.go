@@ -44,7 +44,7 @@ func Script() string {
 }
 
 // ScriptArgsPerRequest is the number of ARGV entries of each request.
-const ScriptArgsPerRequest = 6
+const ScriptArgsPerRequest = 7
 
 // AppendScriptArgs appends the script's ARGV for reqs to dst. A zero now
 // makes the script read the Redis clock; minTTL is the least TTL of a
@@ -59,16 +59,19 @@ func AppendScriptArgs(dst []any, now time.Time, minTTL time.Duration, reqs []Req
 	dst = append(dst, strconv.FormatInt(minTTL.Milliseconds(), 10))
 	for i := range reqs {
 		r := &reqs[i]
-		shadow := "0"
+		shadow, peek := "0", "0"
 		if r.Shadow {
 			shadow = "1"
+		}
+		if r.Peek {
+			peek = "1"
 		}
 		dst = append(dst, r.Limit.Algorithm.String(),
 			strconv.FormatUint(r.Limit.Requests, 10),
 			strconv.FormatInt(windowMicros(r.Limit), 10),
 			strconv.FormatUint(r.Limit.capacity(), 10),
 			strconv.FormatUint(r.Hits, 10),
-			shadow)
+			shadow, peek)
 	}
 	return dst
 }

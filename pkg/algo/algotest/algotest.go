@@ -76,7 +76,7 @@ func RunBatches(t *testing.T, newSubject func(t *testing.T) Subject) {
 			s := newSubject(t)
 			reqs := make([]algo.Request, len(c.Requests))
 			for i, r := range c.Requests {
-				reqs[i] = algo.Request{Key: []byte("algotest|batch|" + c.Name + "|" + r.Key), Limit: r.Limit, Shadow: r.Shadow}
+				reqs[i] = algo.Request{Key: []byte("algotest|batch|" + c.Name + "|" + r.Key), Limit: r.Limit, Shadow: r.Shadow, Peek: r.Peek}
 			}
 			for i, st := range c.Steps {
 				for j := range reqs {
@@ -120,6 +120,7 @@ type BatchRequest struct {
 	Key    string
 	Limit  algo.Limit
 	Shadow bool
+	Peek   bool
 }
 
 // BatchStep is one batch: Hits[i] for request i at Epoch+At, and the

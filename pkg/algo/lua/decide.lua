@@ -7,16 +7,16 @@
 --          (TIME), so that replicas with skewed clocks agree.
 -- ARGV[2]  the least TTL of a stored key, in ms: 0 in production; tests
 --          whose clock is not the Redis clock keep keys longer with it.
--- ARGV[3 + 6*(i-1) ...]  request i: algorithm name, N, W in us (>= 1),
+-- ARGV[3 + 7*(i-1) ...]  request i: algorithm name, N, W in us (>= 1),
 --          B (the bucket capacity, N when the rule sets none), hits,
---          shadow ("1" or "0").
+--          shadow ("1" or "0"), peek ("1" or "0": decided, never stored).
 --
 -- Returns {admitted, then for each request: allowed, remaining, reset_us,
 -- retry_us, wait_us}, all integers: admitted and allowed are 1 or 0,
 -- retry_us is -1 for never.
 --
 -- The batch is admitted when every request is allowed but shadow ones;
--- then every allowed request is stored, with a TTL of its reset-after
+-- then every allowed request but peek ones is stored, with a TTL of its reset-after
 -- rounded up to the millisecond. Otherwise nothing is stored and every
 -- decision describes the state as it stands: allowed requests report it
 -- without their hits, refused ones keep their retry-after.
@@ -35,7 +35,7 @@ local min_ttl = tonumber(ARGV[2])
 local reqs, loaded, current, final = {}, {}, {}, {}
 local out = {1}
 for i, key in ipairs(KEYS) do
-  local a = 3 + 6 * (i - 1)
+  local a = 3 + 7 * (i - 1)
   local alg = algorithms[ARGV[a]]
   if alg == nil then
     return redis.error_reply('ratelimitd: unknown algorithm ' .. tostring(ARGV[a]))
@@ -43,7 +43,7 @@ for i, key in ipairs(KEYS) do
   local r = {
     key = key, alg = alg,
     l = {n = tonumber(ARGV[a + 1]), w = tonumber(ARGV[a + 2]), b = tonumber(ARGV[a + 3])},
-    hits = tonumber(ARGV[a + 4]), shadow = ARGV[a + 5] == '1',
+    hits = tonumber(ARGV[a + 4]), shadow = ARGV[a + 5] == '1', peek = ARGV[a + 6] == '1',
   }
   reqs[i] = r
   if loaded[key] == nil then
@@ -54,7 +54,7 @@ for i, key in ipairs(KEYS) do
   r.allowed, r.retry = allowed, retry
   if allowed then
     current[key] = next
-    if r.hits > 0 then
+    if r.hits > 0 and not r.peek then
       final[key] = {r = r, s = next, reset = reset}
     end
   elseif not r.shadow then

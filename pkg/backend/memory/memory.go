@@ -184,7 +184,7 @@ func (b *Backend) decideOne(now time.Time, r *algo.Request, out *algo.Decision) 
 		st = e.state
 	}
 	d := algo.Step(&st, now, r.Limit, r.Hits)
-	if d.Allowed && r.Hits > 0 {
+	if d.Allowed && r.Hits > 0 && !r.Peek {
 		sh.store(b, r.Key, e, st, nowUS+d.ResetAfter.Microseconds(), nowUS, nil)
 	}
 	sh.mu.Unlock()
@@ -247,7 +247,7 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 	if admit {
 		for i := range reqs {
 			r := &reqs[i]
-			if !out[i].Allowed || r.Hits == 0 {
+			if !out[i].Allowed || r.Hits == 0 || r.Peek {
 				continue
 			}
 			// Look the entry up again: an earlier store in this batch may

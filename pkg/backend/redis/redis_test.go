@@ -86,6 +86,7 @@ func TestGoAndLuaAgree(t *testing.T) {
 							Limit:  limits[k],
 							Hits:   rng.Uint64N(4),
 							Shadow: rng.IntN(6) == 0,
+							Peek:   rng.IntN(8) == 0,
 						}
 						if rng.IntN(25) == 0 {
 							reqs[i].Hits = 1 + max(limits[k].Requests, limits[k].Burst)
@@ -101,8 +102,8 @@ func TestGoAndLuaAgree(t *testing.T) {
 					}
 					for i := range reqs {
 						if got[i] != want[i] {
-							t.Fatalf("run %d step %d at %v, request %d of %d (%s, %+v, %d hits, shadow %v):\n Lua %s\n  Go %s",
-								run, step, now.Sub(algotest.Epoch), i, len(reqs), reqs[i].Key, reqs[i].Limit, reqs[i].Hits, reqs[i].Shadow,
+							t.Fatalf("run %d step %d at %v, request %d of %d (%s, %+v, %d hits, shadow %v, peek %v):\n Lua %s\n  Go %s",
+								run, step, now.Sub(algotest.Epoch), i, len(reqs), reqs[i].Key, reqs[i].Limit, reqs[i].Hits, reqs[i].Shadow, reqs[i].Peek,
 								algotest.Format(got[i]), algotest.Format(want[i]))
 						}
 					}
