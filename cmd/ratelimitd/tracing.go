@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 
@@ -89,6 +90,15 @@ type tracedBackend struct {
 
 func newTracedBackend(inner algo.Backend, tp trace.TracerProvider, name string) tracedBackend {
 	return tracedBackend{inner: inner, tracer: tp.Tracer(tracerName), name: name}
+}
+
+// Reset implements algo.Resetter when the traced backend does.
+func (b tracedBackend) Reset(ctx context.Context, keys [][]byte) error {
+	r, ok := b.inner.(algo.Resetter)
+	if !ok {
+		return errors.New("the backend cannot reset keys")
+	}
+	return r.Reset(ctx, keys)
 }
 
 // Decide implements algo.Backend.

@@ -104,3 +104,9 @@ func (s State) Equal(t State) bool {
 type Backend interface {
 	Decide(ctx context.Context, reqs []Request, out []Decision) error
 }
+
+// Resetter is a Backend that can forget keys: their next decision starts
+// from a fresh state. It serves operators' Reset.
+type Resetter interface {
+	Reset(ctx context.Context, keys [][]byte) error
+}

@@ -137,6 +137,18 @@ func (b *Breaker) Decide(ctx context.Context, reqs []algo.Request, out []algo.De
 	return err
 }
 
+// Reset implements [algo.Resetter] when the guarded backend does. It is an
+// operator's call: it bypasses the circuit, with the same deadline.
+func (b *Breaker) Reset(ctx context.Context, keys [][]byte) error {
+	r, ok := b.inner.(algo.Resetter)
+	if !ok {
+		return errors.New("breaker: the backend cannot reset keys")
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
+	defer cancel()
+	return r.Reset(ctx, keys)
+}
+
 // admit lets a call through, or says why not. probe reports that the call
 // is the half-open circuit's probe.
 func (b *Breaker) admit() (probe bool, err error) {

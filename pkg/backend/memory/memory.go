@@ -173,6 +173,20 @@ func (b *Backend) Decide(ctx context.Context, reqs []algo.Request, out []algo.De
 	return nil
 }
 
+// Reset implements [algo.Resetter]: it forgets keys.
+func (b *Backend) Reset(ctx context.Context, keys [][]byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		sh := &b.shards[maphash.Bytes(b.seed, k)&b.mask]
+		sh.mu.Lock()
+		delete(sh.m, string(k))
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
 // decideOne is the single-request path: one shard, no scratch space.
 func (b *Backend) decideOne(now time.Time, r *algo.Request, out *algo.Decision) {
 	nowUS := now.UnixMicro()

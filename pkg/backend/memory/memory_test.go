@@ -418,3 +418,27 @@ func BenchmarkFootprint(b *testing.B) {
 		runtime.KeepAlive(be)
 	}
 }
+
+// TestReset forgets a key: its next decision starts afresh.
+func TestReset(t *testing.T) {
+	b := New(Options{SweepInterval: -1})
+	defer b.Close()
+	ctx := context.Background()
+	l := algo.Limit{Algorithm: algo.TokenBucket, Requests: 1, Window: time.Hour}
+	out := make([]algo.Decision, 1)
+	decide := func(k string) bool {
+		if err := b.Decide(ctx, []algo.Request{{Key: []byte(k), Limit: l, Hits: 1}}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0].Allowed
+	}
+	if !decide("a") || decide("a") || !decide("b") {
+		t.Fatal("a token bucket of 1 admitted the wrong hits")
+	}
+	if err := b.Reset(ctx, [][]byte{[]byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if !decide("a") || decide("b") {
+		t.Error("after resetting a, a must start afresh and b keep its count")
+	}
+}

@@ -126,6 +126,22 @@ func New(inner algo.Backend, opts Options) (*Cache, error) {
 	return &Cache{inner: inner, now: opts.Now, maxKeys: opts.MaxKeys, m: make(map[string]entry)}, nil
 }
 
+// Reset implements [algo.Resetter]: it forgets the keys' refusals and
+// resets them in the inner backend, which must be an [algo.Resetter].
+func (c *Cache) Reset(ctx context.Context, keys [][]byte) error {
+	r, ok := c.inner.(algo.Resetter)
+	if !ok {
+		return errors.New("overlimit: the backend cannot reset keys")
+	}
+	c.mu.Lock()
+	for _, k := range keys {
+		delete(c.m, string(k))
+	}
+	c.size.Store(int64(len(c.m)))
+	c.mu.Unlock()
+	return r.Reset(ctx, keys)
+}
+
 // Hits returns how many batches were answered locally.
 func (c *Cache) Hits() uint64 { return c.hits.Load() }
 

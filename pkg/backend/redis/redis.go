@@ -132,6 +132,28 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 	return err
 }
 
+// Reset implements [algo.Resetter]: it deletes the keys, in one pipeline
+// (a Cluster sends each DEL to its key's master).
+func (b *Backend) Reset(ctx context.Context, keys [][]byte) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	_, err := b.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+		for _, k := range keys {
+			key := b.opts.Prefix + string(k)
+			if b.cluster != nil {
+				key = b.clusterKey(k)
+			}
+			p.Del(ctx, key)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("redis: reset: %w", err)
+	}
+	return nil
+}
+
 // run calls the script by its SHA, and by its source when Redis answers
 // NOSCRIPT (EVAL caches it again).
 func (b *Backend) run(ctx context.Context, c goredis.Scripter, keys []string, args []any) ([]any, error) {

@@ -541,3 +541,37 @@ func TestUnreachable(t *testing.T) {
 		}
 	}
 }
+
+// TestReset forgets keys on one server and on a Cluster: the next decision
+// starts afresh, and other keys keep their counts.
+func TestReset(t *testing.T) {
+	srv := redistest.Start(t)
+	cl := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 2, Window: time.Hour}
+	for _, cfg := range []Config{{URL: srv.URL}, {URL: cl.URL, Mode: Cluster}} {
+		t.Run(string(modeName(cfg.Mode)), func(t *testing.T) {
+			b := dial(t, cfg, Options{Prefix: uniquePrefix(t)})
+			keys := [][]byte{descriptorKey("api", "user", "a", l), descriptorKey("api", "user", "b", l), descriptorKey("api", "user", "c", l)}
+			out := make([]algo.Decision, 1)
+			for _, k := range keys {
+				for range 2 {
+					if err := b.Decide(ctx, []algo.Request{{Key: k, Limit: l, Hits: 1}}, out); err != nil || !out[0].Allowed {
+						t.Fatalf("%s: %+v, %v", k, out[0], err)
+					}
+				}
+			}
+			if err := b.Reset(ctx, keys[:2]); err != nil {
+				t.Fatal(err)
+			}
+			for i, k := range keys {
+				if err := b.Decide(ctx, []algo.Request{{Key: k, Limit: l}}, out); err != nil {
+					t.Fatal(err)
+				}
+				if want := uint64(map[bool]int{true: 2, false: 0}[i < 2]); out[0].Remaining != want {
+					t.Errorf("%s after the reset: %d remaining, want %d", k, out[0].Remaining, want)
+				}
+			}
+		})
+	}
+}
