@@ -7,6 +7,7 @@ BENCH_COUNT ?= 10
 BENCH       ?= .
 FUZZ_TIME   ?= 30s
 FUZZ_SHORT  ?= 5s
+BUF         ?= github.com/bufbuild/buf/cmd/buf@v1.75.0
 # The race detector needs cgo and a C compiler; without them, test without it.
 RACE        ?= $(shell [ "$$($(GO) env CGO_ENABLED)" = 1 ] && command -v "$$($(GO) env CC)" >/dev/null 2>&1 && echo -race)
 
@@ -76,6 +77,15 @@ tidy: ## tidy go.mod and fail if it changed
 
 .PHONY: ci
 ci: lint test ## what CI checks: lint, then every test
+
+.PHONY: proto
+proto: ## lint proto/ with buf and regenerate its Go code (buf.gen.yaml)
+	$(GO) run $(BUF) lint
+	$(GO) run $(BUF) generate
+
+.PHONY: proto-breaking
+proto-breaking: ## check proto/ for breaking changes against the main branch
+	$(GO) run $(BUF) breaking --against '.git#branch=main'
 
 .PHONY: clean
 clean: ## remove build output
