@@ -141,8 +141,7 @@ func generatedDeclarations(fd protoreflect.FileDescriptor) []string {
 	if opts, ok := fd.Options().(*descriptorpb.FileOptions); ok && opts.GoPackage != nil {
 		add("option go_package = %s", opts.GetGoPackage())
 	}
-	var enums func(protoreflect.EnumDescriptors)
-	enums = func(es protoreflect.EnumDescriptors) {
+	enums := func(es protoreflect.EnumDescriptors) {
 		for i := range es.Len() {
 			e := es.Get(i)
 			add("enum %s", e.FullName())
