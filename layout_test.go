@@ -26,7 +26,7 @@ var allowedDeps = map[string][]string{
 	"pkg/backend/overlimit": {"pkg/algo"},
 	"pkg/backend/breaker":   {"pkg/algo"},
 	"internal/redistest":    {},
-	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key"},
+	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
 	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
 	"pkg/tlsconfig":         {},

@@ -25,6 +25,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
 
 // Options configure a [Service]. The zero value selects every default.
@@ -48,6 +49,9 @@ type Options struct {
 	Now func() time.Time
 	// Observer, when set, is told of every decision and backend call.
 	Observer Observer
+	// EnableReset lets ratelimitd.v1.RateLimiter/Reset clear counters; it
+	// answers PermissionDenied otherwise.
+	EnableReset bool
 	// NearLimitRatio is the share of a limit past which an admitted
 	// descriptor counts as near its limit. Default DefaultNearLimitRatio.
 	NearLimitRatio float64
@@ -79,6 +83,7 @@ type Service struct {
 
 	observer       Observer
 	nearLimitRatio float64
+	enableReset    bool
 	headers        HeaderStyle
 }
 
@@ -130,10 +135,12 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 
 		observer:       opts.Observer,
 		nearLimitRatio: opts.NearLimitRatio,
+		enableReset:    opts.EnableReset,
 		headers:        opts.ResponseHeaders,
 	}
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(ratelimitdv1.RateLimiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return s, nil
 }
 
@@ -150,10 +157,12 @@ func (s *Service) SetRules(r *config.Rules) {
 	}
 }
 
-// RegisterGRPC registers the Envoy RateLimitService v3, grpc.health.v1 and
-// server reflection (so grpcurl needs no proto files) on gs.
+// RegisterGRPC registers the Envoy RateLimitService v3, ratelimitd's own
+// ratelimitd.v1.RateLimiter, grpc.health.v1 and server reflection (so
+// grpcurl needs no proto files) on gs.
 func (s *Service) RegisterGRPC(gs *grpc.Server) {
 	rlsv3.RegisterRateLimitServiceServer(gs, s)
+	ratelimitdv1.RegisterRateLimiterServer(gs, ownAPI{s: s})
 	healthpb.RegisterHealthServer(gs, s.health)
 	reflection.Register(gs)
 }
