@@ -98,7 +98,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		Logger: log, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
-		Observer: mets,
+		Observer: mets, EnableReset: c.enableReset,
 	})
 	if err != nil {
 		return err
