@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
 
 // startupTimeout bounds how long a server may take to log its addresses.
@@ -537,6 +538,45 @@ func TestDashboardMetricsExist(t *testing.T) {
 		}
 		if !exposed[base] {
 			t.Errorf("the dashboard queries %s, which /metrics does not expose", name)
+		}
+	}
+}
+
+// TestOwnAPI calls ratelimitd.v1.RateLimiter on the real server: Check
+// shares the counters of Envoy's API, Peek consumes nothing, and Reset is
+// refused unless -enable-reset.
+func TestOwnAPI(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	desc := []*ratelimitdv1.Descriptor{{Entries: []*ratelimitdv1.Entry{{Key: "auth_type", Value: "basic"}}}}
+	for _, enable := range []bool{false, true} {
+		args := []string{}
+		if enable {
+			args = append(args, "-enable-reset")
+		}
+		s := startServer(t, args...)
+		conn := s.dial(t)
+		own := ratelimitdv1.NewRateLimiterClient(conn)
+		if _, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, basicAuth()); err != nil {
+			t.Fatal(err)
+		}
+		peek, err := own.Peek(ctx, &ratelimitdv1.PeekRequest{Domain: "auth", Descriptors: desc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		check, err := own.Check(ctx, &ratelimitdv1.CheckRequest{Domain: "auth", Descriptors: desc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One hit by Envoy's API, one by Check (the peek took none): 3 of 5
+		// left, unless a minute boundary fell between the calls.
+		if r := check.Results[0]; !check.Allowed || r.Rule != "auth.auth_type_basic" || (r.Remaining != 3 && r.Remaining != 4) || peek.Results[0].Remaining != r.Remaining {
+			t.Errorf("Peek %v then Check %v", peek, check)
+		}
+		_, err = own.Reset(ctx, &ratelimitdv1.ResetRequest{Domain: "auth", Descriptor_: desc[0]})
+		if want := map[bool]codes.Code{false: codes.PermissionDenied, true: codes.OK}[enable]; status.Code(err) != want {
+			t.Errorf("Reset with -enable-reset %v: %v, want %v", enable, err, want)
 		}
 	}
 }
