@@ -30,6 +30,7 @@ var allowedDeps = map[string][]string{
 	"pkg/reload":            {"pkg/config"},
 	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
 	"pkg/tlsconfig":         {},
+	"pkg/client":            {"proto/ratelimitd/v1"},
 	"cmd/ratelimitd":        {"*"},
 }
 

@@ -1,0 +1,45 @@
+// Package client calls ratelimitd from Go, and enforces its decisions in
+// net/http servers and gRPC servers.
+//
+// A [Client] speaks both of ratelimitd's gRPC APIs on one connection: its
+// own ratelimitd.v1.RateLimiter ([Client.Allow], [Client.Check],
+// [Client.Peek], [Client.Reset]) and Envoy's RateLimitService v3
+// ([Client.ShouldRateLimit], [Client.AllowRLS]). Both are decided by the
+// same engine under the same rules and counters.
+//
+//	c, err := client.New("ratelimitd:8081") // plaintext unless told otherwise
+//	if err != nil {
+//		return err
+//	}
+//	defer c.Close()
+//
+//	d, err := c.Allow(ctx, "api", client.D("user_id", "alice"))
+//	switch {
+//	case err != nil:
+//		// ratelimitd is unreachable or refused the call: fail open or closed.
+//	case !d.Allowed:
+//		// Over the limit: come back after d.RetryAfter (unless it is client.Never).
+//	}
+//
+// [Middleware] and [UnaryServerInterceptor] do that for every request of
+// an HTTP handler or a gRPC server, with descriptors a function of yours
+// extracts from each request:
+//
+//	limited := client.Middleware(c, client.MiddlewareOptions{
+//		Domain: "api",
+//		Descriptors: func(r *http.Request) []client.Descriptor {
+//			return []client.Descriptor{client.D("user_id", r.Header.Get("X-User"))}
+//		},
+//		FailOpen: true,
+//		Headers:  client.HeadersRateLimit,
+//	})
+//	http.ListenAndServe(":8080", limited(handler))
+//
+// Both take a [Limiter], which a *Client is; [LimiterFunc] adapts any
+// function, such as [Client.AllowRLS] to enforce through the Envoy API, or
+// a fake in tests.
+//
+// The package imports nothing of ratelimitd but its generated API
+// (package ratelimitdv1), so that linking it into an application is
+// cheap.
+package client

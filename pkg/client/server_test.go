@@ -1,0 +1,97 @@
+package client_test
+
+import (
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// testRules are the rules of the tests' and examples' servers. Their
+// clock stands still unless a test moves it, so that every figure is
+// exact.
+const testRules = `
+domain: api
+descriptors:
+  # 3 per minute, a token back every 20s.
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: token_bucket}
+  # 5 per minute in fixed windows, starting at whole minutes.
+  - key: path
+    rate_limit: {name: per_path, unit: minute, requests_per_unit: 5}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: internal
+    rate_limit: {unlimited: true}
+`
+
+// epoch is a whole minute, where the servers' clocks start.
+var epoch = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// clock is a server's clock, moved by hand.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// server is a ratelimitd engine served on 127.0.0.1.
+type server struct {
+	addr  string
+	clock *clock
+	svc   *service.Service
+	stop  func()
+}
+
+// serve starts a ratelimitd engine deciding testRules on the memory
+// backend, its gRPC API on a free port of 127.0.0.1.
+func serve(opts service.Options) (*server, error) {
+	rules, err := config.Parse(config.File{Name: "rules.yaml", Data: []byte(testRules)})
+	if err != nil {
+		return nil, err
+	}
+	clk := &clock{}
+	clk.ns.Store(epoch.UnixNano())
+	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	svc, err := service.New(be, rules, opts)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	gs := grpc.NewServer()
+	svc.RegisterGRPC(gs)
+	go gs.Serve(lis)
+	return &server{addr: lis.Addr().String(), clock: clk, svc: svc, stop: gs.Stop}, nil
+}
+
+// startServer is serve for a test, stopped when it ends.
+func startServer(t testing.TB, opts service.Options) *server {
+	t.Helper()
+	s, err := serve(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stop)
+	return s
+}
+
+// closedAddr returns an address of 127.0.0.1 nothing listens on.
+func closedAddr(t testing.TB) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	return addr
+}
