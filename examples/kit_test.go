@@ -269,7 +269,7 @@ func (f rateLimitFilter) call(t *testing.T, vhosts []*routev3.VirtualHost, req h
 	}
 	where := "route " + route.GetName()
 	onlyFields(t, where, route, "name", "match", "route", "typed_per_filter_config")
-	onlyFields(t, where+" action", route.GetRoute(), "cluster", "rate_limits", "include_vh_rate_limits", "prefix_rewrite", "timeout")
+	onlyFields(t, where+" action", route.GetRoute(), "cluster", "rate_limits", "prefix_rewrite", "timeout")
 
 	perRoute := f.perRoute(t, route.GetTypedPerFilterConfig(), where)
 	if perRoute == nil {
@@ -298,9 +298,6 @@ func (f rateLimitFilter) call(t *testing.T, vhosts []*routev3.VirtualHost, req h
 		}
 		sources = append(sources, source{route.GetName(), stage0})
 		vhOption := perRoute.GetVhRateLimits() // OVERRIDE when unset
-		if route.GetRoute().GetIncludeVhRateLimits().GetValue() {
-			vhOption = ratelimitv3.RateLimitPerRoute_INCLUDE
-		}
 		vhLimits := source{"vhost:" + vh.GetName(), vh.GetRateLimits()}
 		switch vhOption {
 		case ratelimitv3.RateLimitPerRoute_INCLUDE:
