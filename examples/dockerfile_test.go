@@ -1,5 +1,3 @@
-//go:build kit
-
 package examples
 
 import (

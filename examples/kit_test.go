@@ -1,5 +1,3 @@
-//go:build kit
-
 // Package examples holds the example rule files and the tests that keep the
 // integration kit true to them: the Envoy bootstrap in envoy/, the Istio,
 // Kubernetes and compose files in ../deploy, and the Dockerfile. The tests
@@ -7,11 +5,6 @@
 // validation rules), work out the descriptors each route sends, and check
 // that every one of them matches a rule. A change that breaks an example
 // breaks a test.
-//
-// Until go.mod requires cel.dev/expr (which go-control-plane's route
-// protos import, through github.com/cncf/xds), these files carry the build
-// tag kit, so that `go test ./...` does not fail on the missing module;
-// with it added, remove the tag from examples/*_test.go.
 package examples
 
 import (
