@@ -22,6 +22,9 @@ import (
 // Whatever the style, a refused request's response carries Retry-After:
 // the decision's RetryAfter in seconds, rounded up and at least 1, left out
 // when it is [Never].
+//
+// ratelimitd's structured style (RateLimit-Policy and RateLimit) is not
+// offered: its policy names need the rule files.
 type HeaderStyle uint8
 
 const (
