@@ -100,12 +100,12 @@ func writeChaosRules(t *testing.T) string {
 	return dir
 }
 
-// evalsha counts the EVALSHA calls of the server at addr, over a new
-// connection (the old one may have died with the server).
+// evalsha counts the decision calls (FCALL, or EVALSHA) of the server at
+// addr, over a new connection (the old one may have died with the server).
 func evalsha(t *testing.T, addr string) int {
 	c := goredis.NewClient(&goredis.Options{Addr: addr})
 	defer c.Close()
-	return redistest.CommandCalls(t, c, "evalsha")
+	return redistest.CommandCalls(t, c, "fcall") + redistest.CommandCalls(t, c, "evalsha")
 }
 
 // TestRedisFailures runs a ratelimitd under steady load while its Redis is

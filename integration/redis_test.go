@@ -283,12 +283,17 @@ func TestSentinelFailover(t *testing.T) {
 	if resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("first decision after the failover: %v", resp)
 	}
-	// The replica never ran the script (replication carries its effects),
-	// so the new master answered NOSCRIPT and the backend sent it by EVAL.
+	// Functions are replicated: the promoted replica holds the decision
+	// library (its one FUNCTION LOAD is the master's, replicated) and
+	// decides with it.
 	promoted := goredis.NewClient(&goredis.Options{Addr: newMaster})
 	defer promoted.Close()
-	if n := redistest.CommandCalls(t, promoted, "eval"); n != 1 {
-		t.Errorf("the new master ran EVAL %d times, want once: the script reloaded after NOSCRIPT", n)
+	libs, err := promoted.FunctionList(context.Background(), goredis.FunctionListQuery{LibraryNamePattern: "ratelimitd_*"}).Result()
+	if err != nil || len(libs) != 1 {
+		t.Errorf("the new master's decision libraries: %v, %v; want the one replicated", libs, err)
+	}
+	if n, loads := redistest.CommandCalls(t, promoted, "fcall"), redistest.CommandCalls(t, promoted, "function|load"); n == 0 || loads > 1 {
+		t.Errorf("the new master ran FCALL %d times and FUNCTION LOAD %d times; want decisions by the replicated library", n, loads)
 	}
 	if got, want := resp.Statuses[0].LimitRemaining, uint32(exactLimit-before-1); got != want {
 		t.Errorf("after the failover %d remain, want %d: counting must resume where it stood", got, want)
@@ -464,8 +469,8 @@ func TestOneRoundTripPerRequest(t *testing.T) {
 			t.Fatalf("answer %v", resp)
 		}
 	}
-	if n := redistest.CommandCalls(t, admin, "evalsha"); n != 5 {
-		t.Errorf("5 requests of 3 descriptors cost %d EVALSHA, want 5", n)
+	if n := redistest.CommandCalls(t, admin, "fcall"); n != 5 {
+		t.Errorf("5 requests of 3 descriptors cost %d FCALL, want 5", n)
 	}
 
 	// The local cache: once refused, a token bucket key of N per hour is
@@ -476,15 +481,15 @@ func TestOneRoundTripPerRequest(t *testing.T) {
 	if n := consumeUntilOver(t, c2, req); n != exactLimit {
 		t.Fatalf("admitted %d, want %d", n, exactLimit)
 	}
-	before := redistest.CommandCalls(t, admin, "evalsha")
+	before := redistest.CommandCalls(t, admin, "fcall")
 	for range 50 {
 		resp := decide(t, c2, req)
 		if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].CurrentLimit.GetName() != "token_bucket" {
 			t.Fatalf("a refused key answered %v", resp)
 		}
 	}
-	if n := redistest.CommandCalls(t, admin, "evalsha") - before; n != 0 {
-		t.Errorf("50 refusals of a cached over-limit key cost %d EVALSHA, want 0", n)
+	if n := redistest.CommandCalls(t, admin, "fcall") - before; n != 0 {
+		t.Errorf("50 refusals of a cached over-limit key cost %d FCALL, want 0", n)
 	}
 	metrics := httpGet(t, "http://"+s2.httpAddr+"/metrics")
 	for _, want := range []string{"ratelimitd_local_cache_hits_total 50\n", "ratelimitd_local_cache_keys 1\n"} {

@@ -258,7 +258,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 	switch c.backend {
 	case "redis":
 		tag, _ := redis.ParseHashTag(c.redisHashTag) // validated
-		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag}
+		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag, Scripts: c.redisScripts}
 		if c.redisClock == "local" {
 			opts.Now = be.now
 		}
@@ -277,7 +277,11 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		defer cancel()
 		switch err := b.Check(dctx); {
 		case err == nil:
-			log.Info("backend ready", attrs...)
+			lua := "functions (FCALL)"
+			if !b.Functions() {
+				lua = "scripts (EVALSHA)"
+			}
+			log.Info("backend ready", append(attrs, "lua", lua)...)
 		case redis.Unreachable(err):
 			// Serving by the failure mode beats not serving: the breaker
 			// probes Redis until it answers.

@@ -43,6 +43,39 @@ func Script() string {
 	return b.String()
 }
 
+// Library returns the decision script as a Redis 7 function library named
+// name, registering one function, name+"_decide", that takes the script's
+// KEYS and ARGV and answers as [Script] does. Unlike a script, whose top
+// level defines every algorithm on every call, the library defines them
+// once, on the function's first call after the library was loaded (Redis
+// lets a library's load step touch only its registration API).
+func Library(name string) string {
+	var b strings.Builder
+	b.WriteString("#!lua name=" + name + "\n")
+	b.WriteString("local function build()\n")
+	for _, part := range scriptParts[:len(scriptParts)-1] {
+		src, err := luaFiles.ReadFile("lua/" + part)
+		if err != nil {
+			panic(err) // the files are embedded: unreachable
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	}
+	decide, err := luaFiles.ReadFile("lua/decide.lua")
+	if err != nil {
+		panic(err)
+	}
+	b.WriteString("return function(KEYS, ARGV)\n")
+	b.Write(decide)
+	b.WriteString("\nend\nend\n")
+	b.WriteString("local decide\n")
+	b.WriteString("redis.register_function('" + name + "_decide', function(keys, args)\n")
+	b.WriteString("  if decide == nil then decide = build() end\n")
+	b.WriteString("  return decide(keys, args)\n")
+	b.WriteString("end)\n")
+	return b.String()
+}
+
 // ScriptArgsPerRequest is the number of ARGV entries of each request.
 const ScriptArgsPerRequest = 7
 

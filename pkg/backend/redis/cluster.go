@@ -170,21 +170,38 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 		return err
 	}
 
+	functions := !b.scripts.Load()
 	pipe := b.cluster.Pipeline()
 	for _, g := range groups {
-		g.cmd = pipe.EvalSha(ctx, b.sha, g.keys, g.args...)
+		if functions {
+			g.cmd = pipe.FCall(ctx, b.fn, g.keys, g.args...)
+		} else {
+			g.cmd = pipe.EvalSha(ctx, b.sha, g.keys, g.args...)
+		}
 	}
 	_, _ = pipe.Exec(ctx) // each command's own error is read below
 	var errs []error
 	decided := make([]algo.Decision, len(reqs))
+	reloaded := false
 	for _, g := range groups {
 		reply, err := g.cmd.Slice()
-		if isNoScript(err) {
+		switch {
+		case isNoScript(err):
 			// EVAL runs the group and caches the script on its master.
 			reply, err = b.cluster.Eval(ctx, b.script, g.keys, g.args...).Slice()
+		case functions && isNoFunction(err) && !reloaded:
+			// Lost on some master: load the library everywhere, once.
+			reloaded = true
+			if lerr := b.loadLibrary(ctx); unsupported(lerr) {
+				b.scripts.Store(true)
+			}
+			fallthrough
+		case functions && (isNoFunction(err) || unsupported(err)):
+			// run calls the function, or falls back to the script.
+			reply, err = b.run(ctx, b.cluster, g.keys, g.args)
 		}
 		if err != nil {
-			err = fmt.Errorf("redis: decision script: %w", err)
+			err = fmt.Errorf("redis: decision call: %w", err)
 		}
 		if err == nil {
 			_, err = algo.ParseScriptReply(reply, decided[:len(g.reqs)])

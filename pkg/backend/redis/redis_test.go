@@ -43,9 +43,17 @@ func testBackend(t *testing.T, c *goredis.Client) *Backend {
 // TestConformance runs the algorithm vectors against the Lua scripts.
 func TestConformance(t *testing.T) {
 	c := client(t)
-	newSubject := func(t *testing.T) algotest.Subject { return clocked{testBackend(t, c)} }
-	algotest.Run(t, newSubject)
-	algotest.RunBatches(t, newSubject)
+	for _, scripts := range []bool{false, true} {
+		t.Run(map[bool]string{false: "functions", true: "scripts"}[scripts], func(t *testing.T) {
+			newSubject := func(t *testing.T) algotest.Subject {
+				b := testBackend(t, c)
+				b.scripts.Store(scripts)
+				return clocked{b}
+			}
+			algotest.Run(t, newSubject)
+			algotest.RunBatches(t, newSubject)
+		})
+	}
 }
 
 // TestGoAndLuaAgree decides random batches with the in-memory backend (the
@@ -236,11 +244,19 @@ func TestScriptSurvivesFlush(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
 	b := testBackend(t, c)
+	b.scripts.Store(true)
 	l := algo.Limit{Requests: 3, Window: time.Minute}
 	out := make([]algo.Decision, 1)
 	for i := range 3 {
 		if i == 1 {
 			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i == 2 {
+			// And the function library: back to functions, flushed.
+			b.scripts.Store(false)
+			if err := c.FunctionFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}

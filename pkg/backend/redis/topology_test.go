@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"os"
 	"strconv"
 	"strings"
@@ -200,13 +201,14 @@ func TestClusterAtomicity(t *testing.T) {
 	}
 }
 
-// TestOneCallPerBatch counts, on the server, the commands a batch costs:
-// one EVALSHA for a batch of three descriptors (the GETs, SETs and TIME
-// the script runs inside it are counted apart, as such); and after
-// SCRIPT FLUSH one EVALSHA answered NOSCRIPT and one EVAL, once.
+// TestOneCallPerBatch counts, on the server, the calls a batch costs: one
+// FCALL (one EVALSHA with scripts) for a batch of three descriptors (the
+// GETs, SETs and TIME the decision runs inside it are counted apart, as
+// such); and what a lost function or script costs once: after FUNCTION
+// FLUSH one FCALL answered "not found", a FUNCTION LOAD and the FCALL
+// again; after SCRIPT FLUSH one EVALSHA answered NOSCRIPT and one EVAL.
 func TestOneCallPerBatch(t *testing.T) {
 	srv := redistest.Start(t)
-	b := dial(t, Config{URL: srv.URL}, Options{Prefix: uniquePrefix(t)})
 	admin := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	defer admin.Close()
 	ctx := context.Background()
@@ -217,81 +219,124 @@ func TestOneCallPerBatch(t *testing.T) {
 		{Key: descriptorKey("api", "user", "c", l), Limit: l, Hits: 1},
 	}
 	out := make([]algo.Decision, len(batch))
-	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	for range 10 {
-		if err := b.Decide(ctx, batch, out); err != nil {
-			t.Fatal(err)
+	calls := func(cmds ...string) []int {
+		n := make([]int, len(cmds))
+		for i, c := range cmds {
+			n[i] = redistest.CommandCalls(t, admin, c)
 		}
+		return n
 	}
-	if evalsha, eval := redistest.CommandCalls(t, admin, "evalsha"), redistest.CommandCalls(t, admin, "eval"); evalsha != 10 || eval != 0 {
-		t.Errorf("10 batches cost %d EVALSHA and %d EVAL, want 10 and 0", evalsha, eval)
-	}
-	if err := admin.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if err := b.Decide(ctx, batch, out); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if evalsha, eval := redistest.CommandCalls(t, admin, "evalsha"), redistest.CommandCalls(t, admin, "eval"); evalsha != 3 || eval != 1 {
-		t.Errorf("after SCRIPT FLUSH 3 batches cost %d EVALSHA and %d EVAL, want 3 (the first answered NOSCRIPT) and 1", evalsha, eval)
+	for _, tc := range []struct {
+		name    string
+		scripts bool
+		flush   func() error
+		cmds    []string
+		steady  []int // per 10 batches
+		flushed []int // per 3 batches after the flush
+	}{
+		{"functions", false, func() error { return admin.FunctionFlush(ctx).Err() },
+			[]string{"fcall", "function|load", "evalsha", "eval"}, []int{10, 0, 0, 0}, []int{4, 1, 0, 0}},
+		{"scripts", true, func() error { return admin.ScriptFlush(ctx).Err() },
+			[]string{"evalsha", "eval", "fcall"}, []int{10, 0, 0}, []int{3, 1, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := dial(t, Config{URL: srv.URL}, Options{Prefix: uniquePrefix(t), Scripts: tc.scripts})
+			if b.Functions() == tc.scripts {
+				t.Fatalf("Functions() = %v on Redis 7 with Scripts %v", b.Functions(), tc.scripts)
+			}
+			decide := func(n int) []int {
+				if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+				for range n {
+					if err := b.Decide(ctx, batch, out); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return calls(tc.cmds...)
+			}
+			if got := decide(10); !slices.Equal(got, tc.steady) {
+				t.Errorf("10 batches cost %v of %v, want %v", got, tc.cmds, tc.steady)
+			}
+			if err := tc.flush(); err != nil {
+				t.Fatal(err)
+			}
+			if got := decide(3); !slices.Equal(got, tc.flushed) {
+				t.Errorf("after the flush 3 batches cost %v of %v, want %v", got, tc.cmds, tc.flushed)
+			}
+		})
 	}
 }
 
 // TestClusterOneCallPerSlot checks that a batch over several slots costs one
-// EVALSHA per slot group, and that NOSCRIPT (every master's scripts
-// flushed) is recovered within the same decision by one EVAL per group.
+// call per slot group, and that a lost function or script (every master's
+// flushed) is recovered within the same decision.
 func TestClusterOneCallPerSlot(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
-	b := dial(t, Config{URL: c.URL, Mode: Cluster}, Options{Prefix: uniquePrefix(t)})
 	ctx := context.Background()
 	l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 5, Window: time.Hour}
-	var batch []algo.Request
-	groups := make(map[int]bool)
-	for i := 0; len(groups) < 3; i++ {
-		k := descriptorKey("api", "user", strconv.Itoa(i), l)
-		s := slot(b.clusterKey(k))
-		if groups[s] {
-			continue
-		}
-		groups[s] = true
-		batch = append(batch, algo.Request{Key: k, Limit: l, Hits: 1})
-	}
 	admins := make([]*goredis.Client, len(c.Seeds))
 	for i, a := range c.Seeds {
 		admins[i] = goredis.NewClient(&goredis.Options{Addr: a})
 		defer admins[i].Close()
-		if err := admins[i].ScriptFlush(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if err := admins[i].ConfigResetStat(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
 	}
-	out := make([]algo.Decision, len(batch))
-	for round := range 2 {
-		if err := b.Decide(ctx, batch, out); err != nil {
-			t.Fatal(err)
-		}
-		for i, d := range out {
-			if !d.Allowed || d.Remaining != uint64(4-round) {
-				t.Fatalf("round %d, request %d: %+v, want allowed with %d remaining", round, i, d, 4-round)
+	for _, tc := range []struct {
+		name    string
+		scripts bool
+		cmds    []string
+		want    []int
+	}{
+		// Round 1: every group answers "not found"; the first reloads the
+		// library on the 3 masters and calls again, the others call again.
+		{"functions", false, []string{"fcall", "function|load", "evalsha"}, []int{9, 3, 0}},
+		// Round 1: every group answers NOSCRIPT and is run by EVAL.
+		{"scripts", true, []string{"evalsha", "eval", "fcall"}, []int{6, 3, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := dial(t, Config{URL: c.URL, Mode: Cluster}, Options{Prefix: uniquePrefix(t), Scripts: tc.scripts})
+			var batch []algo.Request
+			groups := make(map[int]bool)
+			for i := 0; len(groups) < 3; i++ {
+				k := descriptorKey("api", "user", strconv.Itoa(i), l)
+				s := slot(b.clusterKey(k))
+				if groups[s] {
+					continue
+				}
+				groups[s] = true
+				batch = append(batch, algo.Request{Key: k, Limit: l, Hits: 1})
 			}
-		}
-	}
-	evalsha, eval := 0, 0
-	for _, a := range admins {
-		evalsha += redistest.CommandCalls(t, a, "evalsha")
-		eval += redistest.CommandCalls(t, a, "eval")
-	}
-	if evalsha != 6 || eval != 3 {
-		t.Errorf("2 batches of 3 slots cost %d EVALSHA and %d EVAL, want 6 and 3 (each group answered NOSCRIPT once)", evalsha, eval)
+			for _, a := range admins {
+				if err := a.ScriptFlush(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := a.FunctionFlush(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := a.ConfigResetStat(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			out := make([]algo.Decision, len(batch))
+			for round := range 2 {
+				if err := b.Decide(ctx, batch, out); err != nil {
+					t.Fatal(err)
+				}
+				for i, d := range out {
+					if !d.Allowed || d.Remaining != uint64(4-round) {
+						t.Fatalf("round %d, request %d: %+v, want allowed with %d remaining", round, i, d, 4-round)
+					}
+				}
+			}
+			got := make([]int, len(tc.cmds))
+			for _, a := range admins {
+				for i, cmd := range tc.cmds {
+					got[i] += redistest.CommandCalls(t, a, cmd)
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("2 batches of 3 slots, after a flush, cost %v of %v, want %v", got, tc.cmds, tc.want)
+			}
+		})
 	}
 }
 
@@ -432,7 +477,7 @@ func BenchmarkDecide(b *testing.B) {
 // leastPrivilege is the ACL docs/redis.md recommends for ratelimitd's
 // Redis user: the script and what it runs, on the prefix's keys only, and
 // the Cluster's slot map.
-const leastPrivilege = "on >rl-secret ~ratelimitd:* +evalsha +eval +script|load +ping +hello +auth " +
+const leastPrivilege = "on >rl-secret ~ratelimitd:* +fcall +function|load +evalsha +eval +script|load +ping +hello +auth " +
 	"+get +set +del +pexpire +time +zadd +zcount +zrangebyscore +zrevrangebyscore +zremrangebyscore " +
 	"+cluster|slots"
 
@@ -464,6 +509,9 @@ func TestLeastPrivilegeACL(t *testing.T) {
 				urls[i] = "redis://ratelimitd:rl-secret@" + a
 			}
 			b := dial(t, Config{URL: strings.Join(urls, ","), Mode: tc.mode}, Options{Prefix: "ratelimitd:", HashTag: TagDomain})
+			if !b.Functions() {
+				t.Error("the least-privileged user cannot use the decision functions")
+			}
 			out := make([]algo.Decision, 1)
 			for _, a := range algo.Algorithms() {
 				l := algo.Limit{Algorithm: a, Requests: 2, Window: time.Hour}
