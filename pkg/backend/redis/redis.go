@@ -238,18 +238,9 @@ type caller interface {
 // caches it again).
 func (b *Backend) run(ctx context.Context, c caller, keys []string, args []any) ([]any, error) {
 	if !b.scripts.Load() {
-		reply, err := c.FCall(ctx, b.fn, keys, args...).Slice()
-		if isNoFunction(err) {
-			// Lost: FUNCTION FLUSH, or a restart without persistence.
-			if err = b.loadLibrary(ctx); err == nil {
-				reply, err = c.FCall(ctx, b.fn, keys, args...).Slice()
-			}
-		}
-		if err == nil || !unsupported(err) {
-			if err != nil {
-				return nil, fmt.Errorf("redis: decision function: %w", err)
-			}
-			return reply, nil
+		reply, err := b.fcall(ctx, c, keys, args)
+		if !unsupported(err) {
+			return reply, err
 		}
 		b.scripts.Store(true) // this server runs scripts only
 	}
@@ -259,6 +250,21 @@ func (b *Backend) run(ctx context.Context, c caller, keys []string, args []any) 
 	}
 	if err != nil {
 		return nil, fmt.Errorf("redis: decision script: %w", err)
+	}
+	return reply, nil
+}
+
+// fcall calls the decision function, loading the library again when it
+// was lost (FUNCTION FLUSH, a restart without persistence).
+func (b *Backend) fcall(ctx context.Context, c caller, keys []string, args []any) ([]any, error) {
+	reply, err := c.FCall(ctx, b.fn, keys, args...).Slice()
+	if isNoFunction(err) {
+		if err = b.loadLibrary(ctx); err == nil {
+			reply, err = c.FCall(ctx, b.fn, keys, args...).Slice()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redis: decision function: %w", err)
 	}
 	return reply, nil
 }
