@@ -32,6 +32,7 @@ var allowedDeps = map[string][]string{
 	"pkg/tlsconfig":         {},
 	"pkg/client":            {"proto/ratelimitd/v1"},
 	"cmd/ratelimitd":        {"*"},
+	"cmd/ratelimit-bench":   {"*"},
 }
 
 // stdlibOnly lists packages that may import nothing outside the standard
