@@ -62,6 +62,14 @@ bench: ## run the benchmarks BENCH_COUNT times (compare runs with `make benchsta
 benchstat: ## compare two saved benchmark runs: make benchstat OLD=old.txt NEW=new.txt
 	$(GO) run $(BENCHSTAT) $(OLD) $(NEW)
 
+# How long each scenario of make loadtest is measured.
+LOADTEST_DURATION ?= 10s
+
+.PHONY: loadtest
+loadtest: build ## start Redis and ratelimitd on loopback, load them, print one table (LOADTEST_DURATION each)
+	$(GO) build -o bin/ratelimit-bench ./cmd/ratelimit-bench
+	bin/ratelimit-bench loadtest -ratelimitd bin/ratelimitd -config examples -duration $(LOADTEST_DURATION)
+
 .PHONY: fuzz
 fuzz: ## run each fuzz target for FUZZ_TIME
 	$(call fuzz_each,$(FUZZ_TIME))

@@ -52,3 +52,9 @@ func (s *timerfdSleeper) sleep(d time.Duration) {
 }
 
 func (s *timerfdSleeper) close() { s.f.Close() }
+
+// childAttr has the kernel kill a process the load test starts should
+// the load test die without stopping it.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
