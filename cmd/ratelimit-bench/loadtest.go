@@ -110,6 +110,8 @@ type loadtest struct {
 	log io.Writer
 	dir string // temporary: logs and the Redis directory
 
+	lua string // how ratelimitd said it calls Redis: "functions (FCALL)", ...
+
 	mu       sync.Mutex
 	children []*child
 }
@@ -158,15 +160,22 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 		return nil, err
 	}
 	procs := []proc{{"ratelimitd", rl.pid()}, {"redis", redis.pid()}}
+	onRedis := "Redis"
+	if lt.lua != "" {
+		// "Redis (FCALL)" or "Redis (EVALSHA)": what the server calls.
+		if _, how, ok := strings.Cut(lt.lua, "("); ok {
+			onRedis = "Redis (" + how
+		}
+	}
 	generator := []struct {
 		name           string
 		workers, conns int
 		rate           float64
 		file           string
 	}{
-		{fmt.Sprintf("ratelimitd, Redis: %d callers, closed loop", c.Workers), c.Workers, c.Conns, 0, "redis-closed-%d"},
-		{"ratelimitd, Redis: 1 caller, closed loop", 1, 1, 0, "redis-closed-1"},
-		{fmt.Sprintf("ratelimitd, Redis: open loop at %s/s (%d workers)", num(c.Rate), c.Workers), c.Workers, c.Conns, c.Rate, "redis-open"},
+		{fmt.Sprintf("ratelimitd, %s: %d callers, closed loop", onRedis, c.Workers), c.Workers, c.Conns, 0, "redis-closed-%d"},
+		{fmt.Sprintf("ratelimitd, %s: 1 caller, closed loop", onRedis), 1, 1, 0, "redis-closed-1"},
+		{fmt.Sprintf("ratelimitd, %s: open loop at %s/s (%d workers)", onRedis, num(c.Rate), c.Workers), c.Workers, c.Conns, c.Rate, "redis-open"},
 	}
 	for _, g := range generator {
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
@@ -178,16 +187,23 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 		}
 		rows = append(rows, row)
 	}
-	// The ceiling: Redis running the decision script alone.
-	for _, pipeline := range []int{1, 16} {
-		if err := rdb.FlushAll(ctx).Err(); err != nil {
-			return nil, err
+	// The ceiling: Redis running the decision code alone, called as the
+	// script and, where Redis has them, as a function.
+	for _, via := range []string{viaScript, viaFunction} {
+		for _, pipeline := range []int{1, 16} {
+			if err := rdb.FlushAll(ctx).Err(); err != nil {
+				return nil, err
+			}
+			row, err := lt.redisBenchmark(ctx, rdb, redisAddr, redis.pid(), via, pipeline)
+			if errors.Is(err, errNoFunctions) {
+				lt.logf("no FCALL rows: %v", err)
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+			rows = append(rows, row)
 		}
-		row, err := lt.redisBenchmark(ctx, rdb, redisAddr, redis.pid(), pipeline)
-		if err != nil {
-			return nil, err
-		}
-		rows = append(rows, row)
 	}
 	lt.stop(rl)
 
@@ -315,17 +331,45 @@ func (lt *loadtest) scriptCall() (keys, argv []string, err error) {
 	return keys, argv, nil
 }
 
-// loadScriptCall loads the decision script into Redis and checks, by one
-// call, that it takes the arguments of scriptCall; it returns the
-// script's SHA and those arguments.
-func (lt *loadtest) loadScriptCall(ctx context.Context, rdb *goredis.Client) (sha string, keys, argv []string, err error) {
-	sha, err = rdb.ScriptLoad(ctx, algo.Script()).Result()
-	if err != nil {
-		return "", nil, nil, fmt.Errorf("SCRIPT LOAD: %w", err)
+// How redis-benchmark calls the decision code: the script by EVALSHA
+// (Script), or the function library by FCALL (Library, Redis 7).
+const (
+	viaScript   = "EVALSHA"
+	viaFunction = "FCALL"
+)
+
+// errNoFunctions reports a Redis without FUNCTION and FCALL (before 7).
+var errNoFunctions = errors.New("this Redis has no functions (FUNCTION LOAD, FCALL: Redis 7)")
+
+// prepareCall loads the decision code into Redis, as a script (via
+// viaScript) or a function library (viaFunction), and checks by one call
+// that it takes the arguments of scriptCall. It returns the command and
+// its first argument (EVALSHA and the SHA, or FCALL and the function),
+// the keys and the ARGV.
+func (lt *loadtest) prepareCall(ctx context.Context, rdb *goredis.Client, via string) (cmd []string, keys, argv []string, err error) {
+	switch via {
+	case viaScript:
+		sha, err := rdb.ScriptLoad(ctx, algo.Script()).Result()
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("SCRIPT LOAD: %w", err)
+		}
+		cmd = []string{"evalsha", sha}
+	case viaFunction:
+		// A library of its own, apart from the one ratelimitd loads.
+		name := "ratelimit_bench"
+		if _, err := rdb.FunctionLoadReplace(ctx, algo.Library(name)).Result(); err != nil {
+			if strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+				return nil, nil, nil, errNoFunctions
+			}
+			return nil, nil, nil, fmt.Errorf("FUNCTION LOAD: %w", err)
+		}
+		cmd = []string{"fcall", name + "_decide"}
+	default:
+		return nil, nil, nil, fmt.Errorf("unknown way to call the decision code: %s", via)
 	}
 	keys, argv, err = lt.scriptCall()
 	if err != nil {
-		return "", nil, nil, err
+		return nil, nil, nil, err
 	}
 	concrete := make([]string, len(keys))
 	for i, k := range keys {
@@ -335,17 +379,22 @@ func (lt *loadtest) loadScriptCall(ctx context.Context, rdb *goredis.Client) (sh
 	for i, a := range argv {
 		anyArgs[i] = a
 	}
-	reply, err := rdb.EvalSha(ctx, sha, concrete, anyArgs...).Slice()
+	var reply []any
+	if via == viaScript {
+		reply, err = rdb.EvalSha(ctx, cmd[1], concrete, anyArgs...).Slice()
+	} else {
+		reply, err = rdb.FCall(ctx, cmd[1], concrete, anyArgs...).Slice()
+	}
 	if err != nil {
-		return "", nil, nil, fmt.Errorf("the decision script refused the benchmark's arguments: %w", err)
+		return nil, nil, nil, fmt.Errorf("the decision %s refused the benchmark's arguments: %w", via, err)
 	}
 	if _, err := algo.ParseScriptReply(reply, make([]algo.Decision, len(keys))); err != nil {
-		return "", nil, nil, err
+		return nil, nil, nil, err
 	}
 	if err := rdb.Del(ctx, concrete...).Err(); err != nil {
-		return "", nil, nil, err
+		return nil, nil, nil, err
 	}
-	return sha, keys, argv, nil
+	return cmd, keys, argv, nil
 }
 
 // oneEntry is a descriptor of one entry, for config.Domain.Match.
@@ -354,23 +403,29 @@ type oneEntry [2]string
 func (d oneEntry) Len() int                      { return 1 }
 func (d oneEntry) Entry(int) (key, value string) { return d[0], d[1] }
 
-// redisBenchmark runs redis-benchmark calling the decision script by
-// EVALSHA with the arguments of one decision, pipelined this deep.
-func (lt *loadtest) redisBenchmark(ctx context.Context, rdb *goredis.Client, addr string, redisPID, pipeline int) (scenario, error) {
+// redisBenchmark runs redis-benchmark calling the decision code (via
+// EVALSHA or FCALL) with the arguments of one decision, pipelined this
+// deep.
+func (lt *loadtest) redisBenchmark(ctx context.Context, rdb *goredis.Client, addr string, redisPID int, via string, pipeline int) (scenario, error) {
 	c := lt.cfg
-	name := fmt.Sprintf("redis-benchmark: EVALSHA decision script, %d clients", c.Workers)
+	what := "decision script"
+	if via == viaFunction {
+		what = "decision function"
+	}
+	name := fmt.Sprintf("redis-benchmark: %s of the %s, %d clients", via, what, c.Workers)
 	if pipeline > 1 {
 		name += fmt.Sprintf(", %d-deep pipeline", pipeline)
 	}
-	sha, keys, argv, err := lt.loadScriptCall(ctx, rdb)
+	call, keys, argv, err := lt.prepareCall(ctx, rdb, via)
 	if err != nil {
 		return scenario{}, err
 	}
 	host, port, _ := net.SplitHostPort(addr)
 	cmdArgs := func(n int) []string {
 		a := []string{"-h", host, "-p", port, "-c", strconv.Itoa(c.Workers), "-n", strconv.Itoa(n),
-			"-r", strconv.Itoa(c.Keys), "-P", strconv.Itoa(pipeline), "--csv",
-			"evalsha", sha, strconv.Itoa(len(keys))}
+			"-r", strconv.Itoa(c.Keys), "-P", strconv.Itoa(pipeline), "--csv"}
+		a = append(a, call...)
+		a = append(a, strconv.Itoa(len(keys)))
 		a = append(a, keys...)
 		return append(a, argv...)
 	}
@@ -586,7 +641,7 @@ func (lt *loadtest) startRedis(ctx context.Context) (*child, string, error) {
 
 // waitRedis waits until the redis-server of ch answers on addr.
 func waitRedis(ctx context.Context, ch *child, addr string) error {
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr, Protocol: 2, DisableIdentity: true, MaxRetries: -1, DialTimeout: time.Second})
+	rdb := goredis.NewClient(&goredis.Options{Addr: addr, Protocol: 2, DisableIdentity: true, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
 	defer rdb.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -597,7 +652,13 @@ func waitRedis(ctx context.Context, ch *child, addr string) error {
 			return ctx.Err()
 		default:
 		}
-		info, err := rdb.Info(ctx, "server").Result()
+		// A bare TCP connection first: go-redis logs every refused dial.
+		var info string
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			conn.Close()
+			info, err = rdb.Info(ctx, "server").Result()
+		}
 		if err == nil {
 			if !strings.Contains(info, fmt.Sprintf("process_id:%d\r", ch.pid())) {
 				return fmt.Errorf("another Redis answers on %s", addr)
@@ -640,15 +701,23 @@ func (lt *loadtest) startRatelimitd(ctx context.Context, name string, extra ...s
 		<-ch.done
 		pw.Close()
 	}()
-	found := make(chan string, 1)
+	type ready struct{ addr, lua string }
+	found := make(chan ready, 1)
 	go func() {
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		var lua string
 		for sc.Scan() {
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "serving gRPC" && rec.Addr != "" {
+			var rec struct{ Msg, Addr, Lua string }
+			if json.Unmarshal(sc.Bytes(), &rec) != nil {
+				continue
+			}
+			switch {
+			case rec.Msg == "backend ready":
+				lua = rec.Lua
+			case rec.Msg == "serving gRPC" && rec.Addr != "":
 				select {
-				case found <- rec.Addr:
+				case found <- ready{rec.Addr, lua}:
 				default:
 				}
 			}
@@ -656,9 +725,13 @@ func (lt *loadtest) startRatelimitd(ctx context.Context, name string, extra ...s
 		io.Copy(io.Discard, pr) // never block the child's writes
 	}()
 	select {
-	case addr := <-found:
-		lt.logf("%s (PID %d) serving gRPC on %s", name, ch.pid(), addr)
-		return ch, addr, nil
+	case r := <-found:
+		lt.logf("%s (PID %d) serving gRPC on %s", name, ch.pid(), r.addr)
+		if r.lua != "" {
+			lt.logf("%s decides with Redis %s", name, r.lua)
+			lt.lua = r.lua
+		}
+		return ch, r.addr, nil
 	case <-ch.done:
 		return nil, "", fmt.Errorf("%s exited (%v) before serving%s", name, ch.err, ch.tail())
 	case <-time.After(15 * time.Second):
