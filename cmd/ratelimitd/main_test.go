@@ -94,6 +94,7 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"-local-cache-keys", "-1"}, `invalid -local-cache-keys -1; it must not be negative`},
 		{nil, []string{"-response-headers", "draft"}, `invalid value "draft" for flag -response-headers`},
 		{nil, []string{"-near-limit-ratio", "0"}, `invalid -near-limit-ratio 0; it must be above 0 and at most 1`},
+		{nil, []string{"-backend", "redis", "-redis-url", "redis://h:1", "-redis-coalesce", "-1"}, `invalid -redis-coalesce -1; it must not be negative`},
 		{nil, []string{"-failure-mode", "deny"}, `invalid -failure-mode "deny"; accepted: open, closed, error, local`},
 		{env{"RATELIMITD_LOCAL_SHARE": "1.5"}, nil, `invalid RATELIMITD_LOCAL_SHARE 1.5; it must be above 0 and at most 1`},
 		{nil, []string{"-backend-timeout", "0s"}, `invalid -backend-timeout 0s; it must be positive`},

@@ -258,7 +258,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 	switch c.backend {
 	case "redis":
 		tag, _ := redis.ParseHashTag(c.redisHashTag) // validated
-		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag, Scripts: c.redisScripts}
+		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag, Scripts: c.redisScripts, Coalesce: c.redisCoalesce}
 		if c.redisClock == "local" {
 			opts.Now = be.now
 		}

@@ -90,6 +90,12 @@ func AppendScriptArgs(dst []any, now time.Time, minTTL time.Duration, reqs []Req
 		dst = append(dst, strconv.FormatInt(now.UnixMicro(), 10))
 	}
 	dst = append(dst, strconv.FormatInt(minTTL.Milliseconds(), 10))
+	return AppendRequestArgs(dst, reqs)
+}
+
+// AppendRequestArgs appends the ARGV entries of each request:
+// ScriptArgsPerRequest per request.
+func AppendRequestArgs(dst []any, reqs []Request) []any {
 	for i := range reqs {
 		r := &reqs[i]
 		shadow, peek := "0", "0"
@@ -107,6 +113,53 @@ func AppendScriptArgs(dst []any, now time.Time, minTTL time.Duration, reqs []Req
 			shadow, peek)
 	}
 	return dst
+}
+
+// AppendBatchesArgs appends the script's ARGV for several independent
+// batches decided by one call: each all or nothing on its own, in order, as
+// if by one call each. The call's KEYS are the batches' keys, batch after
+// batch. A zero now makes the script read the Redis clock.
+func AppendBatchesArgs(dst []any, now time.Time, minTTL time.Duration, batches [][]Request) []any {
+	dst = AppendBatchesHeader(dst, now, minTTL, len(batches))
+	for _, b := range batches {
+		dst = append(dst, len(b))
+	}
+	for _, b := range batches {
+		dst = AppendRequestArgs(dst, b)
+	}
+	return dst
+}
+
+// AppendBatchesHeader appends the ARGV header of a call of n batches; the
+// caller then appends each batch's length, then each batch's
+// [AppendRequestArgs].
+func AppendBatchesHeader(dst []any, now time.Time, minTTL time.Duration, n int) []any {
+	if now.IsZero() {
+		dst = append(dst, "")
+	} else {
+		dst = append(dst, strconv.FormatInt(now.UnixMicro(), 10))
+	}
+	return append(dst, strconv.FormatInt(minTTL.Milliseconds(), 10), "batches", strconv.Itoa(n))
+}
+
+// ParseBatchesReply reads the reply of a call made with
+// [AppendBatchesArgs] into outs, one slice of decisions per batch, each as
+// long as its batch.
+func ParseBatchesReply(reply []any, outs [][]Decision) error {
+	for i, out := range outs {
+		n := 1 + 5*len(out)
+		if len(reply) < n {
+			return fmt.Errorf("decision script replied %d values for batch %d of %d requests", len(reply), i, len(out))
+		}
+		if _, err := ParseScriptReply(reply[:n], out); err != nil {
+			return err
+		}
+		reply = reply[n:]
+	}
+	if len(reply) != 0 {
+		return fmt.Errorf("decision script replied %d values more than its batches hold", len(reply))
+	}
+	return nil
 }
 
 // ParseScriptReply reads the script's reply, an array of integers, into

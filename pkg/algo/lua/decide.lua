@@ -32,51 +32,85 @@ else
 end
 local min_ttl = tonumber(ARGV[2])
 
-local reqs, loaded, current, final = {}, {}, {}, {}
-local out = {1}
-for i, key in ipairs(KEYS) do
-  local a = 3 + 7 * (i - 1)
-  local alg = algorithms[ARGV[a]]
-  if alg == nil then
-    return redis.error_reply('ratelimitd: unknown algorithm ' .. tostring(ARGV[a]))
-  end
-  local r = {
-    key = key, alg = alg,
-    l = {n = tonumber(ARGV[a + 1]), w = tonumber(ARGV[a + 2]), b = tonumber(ARGV[a + 3])},
-    hits = tonumber(ARGV[a + 4]), shadow = ARGV[a + 5] == '1', peek = ARGV[a + 6] == '1',
-  }
-  reqs[i] = r
-  if loaded[key] == nil then
-    loaded[key] = alg.load(key, now, r.l)
-    current[key] = loaded[key]
-  end
-  local next, allowed, remaining, reset, retry, wait = alg.step(current[key], now, r.l, r.hits)
-  r.allowed, r.retry = allowed, retry
-  if allowed then
-    current[key] = next
-    if r.hits > 0 and not r.peek then
-      final[key] = {r = r, s = next, reset = reset}
+-- decide_batch decides the batch of count requests whose first key is
+-- KEYS[k] and whose first argument is ARGV[base], and appends its reply to
+-- reply: admitted, then five integers per request. It returns an error
+-- message, or nil.
+local function decide_batch(k, count, base, reply)
+  local reqs, loaded, current, final = {}, {}, {}, {}
+  local out = {1}
+  for i = 1, count do
+    local key = KEYS[k + i - 1]
+    local a = base + 7 * (i - 1)
+    local alg = algorithms[ARGV[a]]
+    if alg == nil then
+      return 'ratelimitd: unknown algorithm ' .. tostring(ARGV[a])
     end
-  elseif not r.shadow then
-    out[1] = 0
+    local r = {
+      key = key, alg = alg,
+      l = {n = tonumber(ARGV[a + 1]), w = tonumber(ARGV[a + 2]), b = tonumber(ARGV[a + 3])},
+      hits = tonumber(ARGV[a + 4]), shadow = ARGV[a + 5] == '1', peek = ARGV[a + 6] == '1',
+    }
+    reqs[i] = r
+    if loaded[key] == nil then
+      loaded[key] = alg.load(key, now, r.l)
+      current[key] = loaded[key]
+    end
+    local next, allowed, remaining, reset, retry, wait = alg.step(current[key], now, r.l, r.hits)
+    r.allowed, r.retry = allowed, retry
+    if allowed then
+      current[key] = next
+      if r.hits > 0 and not r.peek then
+        final[key] = {r = r, s = next, reset = reset}
+      end
+    elseif not r.shadow then
+      out[1] = 0
+    end
+    local o = 2 + 5 * (i - 1)
+    out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry, wait
   end
-  local o = 2 + 5 * (i - 1)
-  out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry, wait
+
+  if out[1] == 1 then
+    for key, f in pairs(final) do
+      if f.reset > 0 then
+        f.r.alg.store(key, f.s, now, f.r.l, max(ceil(f.reset / 1000), min_ttl))
+      else
+        redis.call('DEL', key)
+      end
+    end
+  else
+    for i, r in ipairs(reqs) do
+      local _, _, remaining, reset = r.alg.step(loaded[r.key], now, r.l, 0)
+      local o = 2 + 5 * (i - 1)
+      out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = r.allowed and 1 or 0, remaining, reset, r.retry, 0
+    end
+  end
+  for _, v in ipairs(out) do
+    reply[#reply + 1] = v
+  end
 end
 
-if out[1] == 1 then
-  for key, f in pairs(final) do
-    if f.reset > 0 then
-      f.r.alg.store(key, f.s, now, f.r.l, max(ceil(f.reset / 1000), min_ttl))
-    else
-      redis.call('DEL', key)
+-- ARGV[3] = 'batches' asks for several batches in one call, each decided
+-- on its own, all or nothing, in order: ARGV[4] is their number B, ARGV[5]
+-- to ARGV[4 + B] the number of requests of each, and their requests'
+-- arguments follow, batch after batch, as KEYS do. The reply is each
+-- batch's reply in turn.
+local reply = {}
+if ARGV[3] == 'batches' then
+  local b = tonumber(ARGV[4])
+  local k, a = 1, 5 + b
+  for j = 1, b do
+    local count = tonumber(ARGV[4 + j])
+    local err = decide_batch(k, count, a, reply)
+    if err then
+      return redis.error_reply(err)
     end
+    k, a = k + count, a + 7 * count
   end
 else
-  for i, r in ipairs(reqs) do
-    local _, _, remaining, reset = r.alg.step(loaded[r.key], now, r.l, 0)
-    local o = 2 + 5 * (i - 1)
-    out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = r.allowed and 1 or 0, remaining, reset, r.retry, 0
+  local err = decide_batch(1, #KEYS, 3, reply)
+  if err then
+    return redis.error_reply(err)
   end
 end
-return out
+return reply

@@ -140,8 +140,12 @@ func checkMode(ctx context.Context, c goredis.UniversalClient, mode Mode) error 
 	return nil
 }
 
-// Close closes the client if [Dial] made it.
+// Close stops the coalescing workers, and closes the client if [Open] or
+// [Dial] made it.
 func (b *Backend) Close() error {
+	if b.co != nil {
+		b.co.close()
+	}
 	if b.owned {
 		return b.client.Close()
 	}

@@ -48,6 +48,11 @@ type Options struct {
 	// Scripts makes the backend run the script with EVALSHA even where
 	// Redis offers functions.
 	Scripts bool
+	// Coalesce, when above 0, sends decisions through that many workers,
+	// each of which decides every call waiting when it is free in one
+	// call of the decision (each call's batch still all or nothing). Not
+	// for a Cluster, whose batches are split by slot.
+	Coalesce int
 	// Now, when set, is the clock the script decides by. By default the
 	// script reads the Redis clock (TIME), so replicas whose clocks
 	// disagree still agree on every decision; set Now only for
@@ -67,8 +72,9 @@ type Backend struct {
 	// Options.Scripts asks for scripts.
 	scripts atomic.Bool
 	opts    Options
-	owned   bool   // Close closes client: Open made it
-	cfg     Config // what Open was given, for Check's messages
+	co      *coalescer // nil unless Options.Coalesce
+	owned   bool       // Close closes client: Open made it
+	cfg     Config     // what Open was given, for Check's messages
 	// minTTL is the least TTL of a stored key; tests whose clock runs
 	// apart from the Redis clock raise it so keys outlive their test.
 	minTTL time.Duration
@@ -85,6 +91,9 @@ func New(client goredis.UniversalClient, opts Options) *Backend {
 	b := &Backend{client: client, script: src, sha: sha, lib: algo.Library(name), fn: name + "_decide", opts: opts}
 	b.scripts.Store(opts.Scripts)
 	b.cluster, _ = client.(*goredis.ClusterClient)
+	if opts.Coalesce > 0 && b.cluster == nil {
+		b.co = newCoalescer(b, opts.Coalesce)
+	}
 	return b
 }
 
@@ -131,6 +140,12 @@ func (b *Backend) LoadScript(ctx context.Context) error {
 
 // Decide implements [algo.Backend].
 func (b *Backend) Decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
+	if b.co != nil {
+		if err := check(reqs, out); err != nil || len(reqs) == 0 {
+			return err
+		}
+		return b.co.decide(ctx, reqs, out)
+	}
 	var now time.Time
 	if b.opts.Now != nil {
 		now = b.opts.Now()
@@ -143,17 +158,13 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 	if len(reqs) == 0 {
 		return nil
 	}
-	if len(out) < len(reqs) {
-		return fmt.Errorf("redis: %d decisions for %d requests", len(out), len(reqs))
-	}
-	for i := range reqs {
-		if err := reqs[i].Limit.Check(); err != nil {
-			return fmt.Errorf("request %d: %w", i, err)
-		}
+	if err := check(reqs, out); err != nil {
+		return err
 	}
 	if b.cluster != nil {
 		return b.decideCluster(ctx, now, reqs, out)
 	}
+
 	keys := make([]string, len(reqs))
 	for i := range reqs {
 		keys[i] = b.opts.Prefix + string(reqs[i].Key)
@@ -231,6 +242,20 @@ func isNoFunction(err error) bool {
 type caller interface {
 	goredis.Scripter
 	FCall(ctx context.Context, function string, keys []string, args ...any) *goredis.Cmd
+}
+
+// check refuses a batch the decision must not see: too few decisions, or a
+// limit past the algorithms' bounds.
+func check(reqs []algo.Request, out []algo.Decision) error {
+	if len(out) < len(reqs) {
+		return fmt.Errorf("redis: %d decisions for %d requests", len(out), len(reqs))
+	}
+	for i := range reqs {
+		if err := reqs[i].Limit.Check(); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // run calls the decision function, or where functions are unavailable the
