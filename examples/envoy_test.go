@@ -2,7 +2,6 @@ package examples
 
 import (
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -181,12 +180,7 @@ func TestEnvoyDescriptorsMatchExampleRules(t *testing.T) {
 		}
 		return m
 	}
-	tests := []struct {
-		name   string
-		req    httpRequest
-		domain string   // "" when Envoy does not call ratelimitd
-		want   []string // each descriptor and the name of the rule it matches
-	}{
+	tests := []requestCase{
 		{"login with basic auth", httpRequest{"POST", "/login", h("authorization", "Basic YWxpY2U6c2VjcmV0"), client},
 			"auth", []string{"(auth_type=basic) basic_auth_logins"}},
 		{"login, scheme in another case", httpRequest{"POST", "/login/form?next=/", h("authorization", "BASIC YWxpY2U6c2VjcmV0"), client},
@@ -217,26 +211,7 @@ func TestEnvoyDescriptorsMatchExampleRules(t *testing.T) {
 			"api", []string{"(user_id=alice) requests_per_user_per_second"}},
 		{"anonymous", httpRequest{"GET", "/", h(), client}, "", nil},
 	}
-	produced := map[string]bool{}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			c, called := g.filter.call(t, vhosts, tc.req)
-			if !called {
-				if tc.domain != "" {
-					t.Fatalf("%s %s: Envoy would not call ratelimitd; want domain %s with %q", tc.req.Method, tc.req.Path, tc.domain, tc.want)
-				}
-				return
-			}
-			for _, s := range c.Sources {
-				produced[s] = true
-			}
-			got := checkCall(t, rules, c)
-			if c.Domain != tc.domain || !slices.Equal(got, tc.want) {
-				t.Errorf("%s %s (route %s): domain %q, descriptors %q; want domain %q, %q",
-					tc.req.Method, tc.req.Path, c.Route, c.Domain, got, tc.domain, tc.want)
-			}
-		})
-	}
+	produced := checkRequests(t, g.filter, vhosts, rules, tests)
 
 	// Each rate limit of the bootstrap is exercised above: a new route
 	// needs a request in the table.

@@ -3,7 +3,6 @@ package examples
 import (
 	"fmt"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -183,12 +182,7 @@ func TestIstioEnvoyFilter(t *testing.T) {
 		}
 		return m
 	}
-	tests := []struct {
-		name   string
-		req    httpRequest
-		domain string
-		want   []string
-	}{
+	tests := []requestCase{
 		{"basic login", httpRequest{"POST", "/login", h("authorization", "Basic YWxpY2U6c2VjcmV0", "x-user-id", "alice"), client},
 			"auth", []string{"(auth_type=basic) basic_auth_logins"}},
 		{"bearer login", httpRequest{"POST", "/login", h("authorization", "Bearer abc", "x-user-id", "alice"), client}, "", nil},
@@ -196,26 +190,8 @@ func TestIstioEnvoyFilter(t *testing.T) {
 			"api", []string{"(user_id=alice) requests_per_user_per_second"}},
 		{"anonymous", httpRequest{"GET", "/products/7", h(), client}, "", nil},
 	}
-	produced := map[string]bool{}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			c, called := filter.call(t, rc.GetVirtualHosts(), tc.req)
-			if !called {
-				if tc.domain != "" {
-					t.Fatalf("%s %s: the gateway would not call ratelimitd; want domain %s with %q", tc.req.Method, tc.req.Path, tc.domain, tc.want)
-				}
-				return
-			}
-			for _, s := range c.Sources {
-				produced[s] = true
-			}
-			got := checkCall(t, rules, c)
-			if c.Domain != tc.domain || !slices.Equal(got, tc.want) {
-				t.Errorf("%s %s (route %s): domain %q, descriptors %q; want domain %q, %q",
-					tc.req.Method, tc.req.Path, c.Route, c.Domain, got, tc.domain, tc.want)
-			}
-		})
-	}
+	produced := checkRequests(t, filter, rc.GetVirtualHosts(), rules, tests)
+
 	for _, r := range routes {
 		for i := range r.GetRoute().GetRateLimits() {
 			if s := fmt.Sprintf("%s#%d", r.GetName(), i); !produced[s] {

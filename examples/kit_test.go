@@ -487,6 +487,44 @@ func cmpOr(v, def string) string {
 
 // checkCall checks that every descriptor of c matches a rule of rules in
 // c's domain, and returns one line per descriptor, "(k=v)... rule-name".
+// requestCase is a request and the call to ratelimitd it must cause: the
+// domain ("" for no call) and each descriptor with the name of the rule it
+// matches.
+type requestCase struct {
+	name   string
+	req    httpRequest
+	domain string
+	want   []string
+}
+
+// checkRequests runs each case through f and vhosts, checks the call it
+// causes against rules, and returns the rate limits ("route#i") the cases
+// exercised.
+func checkRequests(t *testing.T, f rateLimitFilter, vhosts []*routev3.VirtualHost, rules *config.Rules, cases []requestCase) map[string]bool {
+	t.Helper()
+	produced := map[string]bool{}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, called := f.call(t, vhosts, tc.req)
+			if !called {
+				if tc.domain != "" {
+					t.Fatalf("%s %s: the gateway would not call ratelimitd; want domain %s with %q", tc.req.Method, tc.req.Path, tc.domain, tc.want)
+				}
+				return
+			}
+			for _, s := range c.Sources {
+				produced[s] = true
+			}
+			got := checkCall(t, rules, c)
+			if c.Domain != tc.domain || !slices.Equal(got, tc.want) {
+				t.Errorf("%s %s (route %s): domain %q, descriptors %q; want domain %q, %q",
+					tc.req.Method, tc.req.Path, c.Route, c.Domain, got, tc.domain, tc.want)
+			}
+		})
+	}
+	return produced
+}
+
 func checkCall(t *testing.T, rules *config.Rules, c rlsCall) []string {
 	t.Helper()
 	d := rules.Domain(c.Domain)
