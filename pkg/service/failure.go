@@ -90,6 +90,21 @@ func (s *Service) backendFailed(ctx context.Context, domain string, dom *config.
 	return mode, nil
 }
 
+// decideAll fills sc.decisions: by the backend, or when it fails by the
+// failure mode of dom. known is false for decisions by failure mode open
+// or closed, which carry no figures to count or to tell the client.
+func (s *Service) decideAll(ctx context.Context, domain string, dom *config.Domain, sc *scratch) (known bool, err error) {
+	if len(sc.reqs) == 0 {
+		return true, nil
+	}
+	berr := s.decide(ctx, sc)
+	if berr == nil {
+		return true, nil
+	}
+	mode, err := s.backendFailed(ctx, domain, dom, sc, berr)
+	return mode == config.FailLocal, err
+}
+
 // failureModeOf returns the failure mode dom's requests are decided by
 // when the backend fails, and where it is set: "domain" (its rule file) or
 // "server". Without a fallback, local is open.

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
-	"github.com/ratelimitd/ratelimitd/pkg/config"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
 
@@ -127,16 +126,11 @@ func (s *Service) check(ctx context.Context, domain string, ds []*ratelimitdv1.D
 	for i := range sc.reqs {
 		sc.reqs[i].Peek = peek
 	}
-	observe := s.observer != nil && !peek
-	if len(sc.reqs) > 0 {
-		if err := s.decide(ctx, sc); err != nil {
-			mode, err := s.backendFailed(ctx, req.Domain, dom, sc, err)
-			if err != nil {
-				return false, nil, err
-			}
-			observe = observe && mode == config.FailLocal
-		}
+	known, err := s.decideAll(ctx, req.Domain, dom, sc)
+	if err != nil {
+		return false, nil, err
 	}
+	observe := s.observer != nil && !peek && known
 	allowed := true
 	for i := range sc.checks {
 		c := &sc.checks[i]

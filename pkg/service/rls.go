@@ -94,19 +94,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	plan(sc, dom, req)
 	// Decisions by failure mode open or closed carry no figures to count
 	// or to tell the client.
-	observe := s.observer != nil
-	var pick headerPick
-	figures := s.headers != HeadersNone
-	if len(sc.reqs) > 0 {
-		if err := s.decide(ctx, sc); err != nil {
-			mode, err := s.backendFailed(ctx, req.Domain, dom, sc, err)
-			if err != nil {
-				return nil, err
-			}
-			observe = observe && mode == config.FailLocal
-			figures = figures && mode == config.FailLocal
-		}
+	known, err := s.decideAll(ctx, req.Domain, dom, sc)
+	if err != nil {
+		return nil, err
 	}
+	observe := s.observer != nil && known
+	var pick headerPick
+	figures := s.headers != HeadersNone && known
 
 	for i := range sc.checks {
 		c := &sc.checks[i]
