@@ -32,6 +32,14 @@ var scriptParts = []string{
 // [ParseScriptReply] reads the reply.
 func Script() string {
 	var b strings.Builder
+	writeParts(&b)
+	b.WriteString("return decide(KEYS, ARGV)\n")
+	return b.String()
+}
+
+// writeParts writes every Lua file of the decision code to b, in order.
+// The last, decide.lua, defines decide(KEYS, ARGV) without calling it.
+func writeParts(b *strings.Builder) {
 	for _, name := range scriptParts {
 		src, err := luaFiles.ReadFile("lua/" + name)
 		if err != nil {
@@ -40,7 +48,6 @@ func Script() string {
 		b.Write(src)
 		b.WriteByte('\n')
 	}
-	return b.String()
 }
 
 // Library returns the decision script as a Redis 7 function library named
@@ -53,21 +60,8 @@ func Library(name string) string {
 	var b strings.Builder
 	b.WriteString("#!lua name=" + name + "\n")
 	b.WriteString("local function build()\n")
-	for _, part := range scriptParts[:len(scriptParts)-1] {
-		src, err := luaFiles.ReadFile("lua/" + part)
-		if err != nil {
-			panic(err) // the files are embedded: unreachable
-		}
-		b.Write(src)
-		b.WriteByte('\n')
-	}
-	decide, err := luaFiles.ReadFile("lua/decide.lua")
-	if err != nil {
-		panic(err)
-	}
-	b.WriteString("return function(KEYS, ARGV)\n")
-	b.Write(decide)
-	b.WriteString("\nend\nend\n")
+	writeParts(&b)
+	b.WriteString("return decide\nend\n")
 	b.WriteString("local decide\n")
 	b.WriteString("redis.register_function('" + name + "_decide', function(keys, args)\n")
 	b.WriteString("  if decide == nil then decide = build() end\n")
@@ -77,7 +71,7 @@ func Library(name string) string {
 }
 
 // ScriptArgsPerRequest is the number of ARGV entries of each request.
-const ScriptArgsPerRequest = 7
+const ScriptArgsPerRequest = 3
 
 // AppendScriptArgs appends the script's ARGV for reqs to dst. A zero now
 // makes the script read the Redis clock; minTTL is the least TTL of a
@@ -94,25 +88,35 @@ func AppendScriptArgs(dst []any, now time.Time, minTTL time.Duration, reqs []Req
 }
 
 // AppendRequestArgs appends the ARGV entries of each request:
-// ScriptArgsPerRequest per request.
+// ScriptArgsPerRequest per request, its limit as one argument ("algorithm
+// N W B"), its hits and its flags.
 func AppendRequestArgs(dst []any, reqs []Request) []any {
 	for i := range reqs {
 		r := &reqs[i]
-		shadow, peek := "0", "0"
+		f := 0
 		if r.Shadow {
-			shadow = "1"
+			f |= 1
 		}
 		if r.Peek {
-			peek = "1"
+			f |= 2
 		}
-		dst = append(dst, r.Limit.Algorithm.String(),
-			strconv.FormatUint(r.Limit.Requests, 10),
-			strconv.FormatInt(windowMicros(r.Limit), 10),
-			strconv.FormatUint(r.Limit.capacity(), 10),
-			strconv.FormatUint(r.Hits, 10),
-			shadow, peek)
+		dst = append(dst, limitArg(r.Limit), strconv.FormatUint(r.Hits, 10), "0123"[f:f+1])
 	}
 	return dst
+}
+
+// limitArg formats l as the script's limit argument: "algorithm N W B",
+// W in microseconds and B the bucket's capacity.
+func limitArg(l Limit) string {
+	var buf [80]byte
+	b := append(buf[:0], l.Algorithm.String()...)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, l.Requests, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, windowMicros(l), 10)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, l.capacity(), 10)
+	return string(b)
 }
 
 // AppendBatchesArgs appends the script's ARGV for several independent

@@ -3,8 +3,8 @@
 -- with the first hit admitted after the previous window ended; c the hits
 -- admitted in it.
 do
-  local load, store = string_state({'t', 'c'})
-  algorithms.burst_fill = {load = load, store = store, step = function(s, now, l, hits)
+  local decode, store = string_state({'t', 'c'})
+  algorithms.burst_fill = {decode = decode, store = store, step = function(s, now, l, hits)
     local w, n = l.w, l.n
     local start, used = now, 0
     if s.c > 0 and now < s.t + w and s.t - now <= w then

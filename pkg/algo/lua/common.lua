@@ -119,37 +119,56 @@ local function hits_in(r, dus, df, most)
 end
 
 -- algorithms maps a rule-file name to its implementation:
---   load(key, now, l) -> state     the state stored under key
+--   decode(v) -> state             the state of a string key's value v
+--                                  (from the driver's MGET), or
+--   load(key, now, l) -> state     the state stored under key, read by the
+--                                  algorithm itself (a state that is no string)
 --   step(s, now, l, hits) -> next, allowed, remaining, reset_us, retry_us, wait_us
 --   store(key, s, now, l, ttl_ms) saves a state that was admitted
--- where l = {n = N, w = W in us, b = B}. step is pure, as algo.Step is: it
--- returns s itself when the request is refused or hits is 0.
+-- where l = {n = N, w = W in us, b = B, rate = new_rate(N, W) when N > 0}
+-- (see limit_of in decide.lua). step is pure, as algo.Step is: it returns s
+-- itself when the request is refused or hits is 0.
 local algorithms = {}
 
--- string_state returns load and store for a state kept as a Redis string
--- of space-separated integers, one per field; a missing key loads as all
--- zeros, the zero algo.State.
+-- string_state returns decode and store for a state kept as a Redis
+-- string of space-separated integers, one per field (at most four):
+--   decode(v) -> state          the state of the string v; a missing key
+--                               (v false or nil) decodes as all zeros, the
+--                               zero algo.State
+--   store(key, s, now, l, ttl_ms) saves s under key
+-- The driver reads every key of a call with one MGET and hands decode the
+-- values; one redis.call per key is the larger part of a decision's cost.
 local function string_state(fields)
-  local function load(key)
-    local s, v = {}, redis.call('GET', key)
-    local i = 1
+  local nf = #fields
+  local f1, f2, f3, f4 = fields[1], fields[2], fields[3], fields[4]
+  local pattern = '^' .. string.rep('(%-?%d+) ', nf - 1) .. '(%-?%d+)$'
+  local layout = string.rep('%d ', nf - 1) .. '%d'
+  local match, format = string.match, string.format
+  local function decode(v)
+    local s = {[f1] = 0, [f2] = 0}
+    if f3 then s[f3] = 0 end
+    if f4 then s[f4] = 0 end
     if v then
-      for x in string.gmatch(v, '%-?%d+') do
-        s[fields[i]] = tonumber(x)
-        i = i + 1
+      local a, b, c, d = match(v, pattern)
+      if a then
+        s[f1], s[f2] = tonumber(a), tonumber(b)
+        if f3 then s[f3] = tonumber(c) end
+        if f4 then s[f4] = tonumber(d) end
+      else
+        -- Not this layout (a state of another release): its leading
+        -- integers, zeros after them, as before.
+        local i = 1
+        for x in string.gmatch(v, '%-?%d+') do
+          if i > nf then break end
+          s[fields[i]] = tonumber(x)
+          i = i + 1
+        end
       end
-    end
-    for j = i, #fields do
-      s[fields[j]] = 0
     end
     return s
   end
   local function store(key, s, now, l, ttl_ms)
-    local parts = {}
-    for i, f in ipairs(fields) do
-      parts[i] = fmt(s[f])
-    end
-    redis.call('SET', key, table.concat(parts, ' '), 'PX', fmt(ttl_ms))
+    redis.call('SET', key, format(layout, s[f1], s[f2], s[f3], s[f4]), 'PX', fmt(ttl_ms))
   end
-  return load, store
+  return decode, store
 end

@@ -1,5 +1,5 @@
--- decide.lua: ratelimitd's decision script. It decides a batch of
--- requests atomically, with the algorithms defined above it.
+-- decide.lua: ratelimitd's decision driver. decide(KEYS, ARGV) decides a
+-- batch of requests atomically, with the algorithms defined above it.
 --
 -- KEYS[i]  the state key of request i (two requests may share a key: the
 --          later one then sees the earlier one's hits).
@@ -7,9 +7,10 @@
 --          (TIME), so that replicas with skewed clocks agree.
 -- ARGV[2]  the least TTL of a stored key, in ms: 0 in production; tests
 --          whose clock is not the Redis clock keep keys longer with it.
--- ARGV[3 + 7*(i-1) ...]  request i: algorithm name, N, W in us (>= 1),
---          B (the bucket capacity, N when the rule sets none), hits,
---          shadow ("1" or "0"), peek ("1" or "0": decided, never stored).
+-- ARGV[3 + 3*(i-1) ...]  request i: its limit "algorithm N W B" (W in us,
+--          >= 1; B the bucket capacity, N when the rule sets none), hits,
+--          and flags: "0", "1" shadow, "2" peek (decided, never stored),
+--          "3" both.
 --
 -- Returns {admitted, then for each request: allowed, remaining, reset_us,
 -- retry_us, wait_us}, all integers: admitted and allowed are 1 or 0,
@@ -20,97 +21,216 @@
 -- rounded up to the millisecond. Otherwise nothing is stored and every
 -- decision describes the state as it stands: allowed requests report it
 -- without their hits, refused ones keep their retry-after.
-local now
-if ARGV[1] == '' then
-  if redis.replicate_commands then
-    redis.replicate_commands() -- writes after TIME, before Redis 5
-  end
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
-local min_ttl = tonumber(ARGV[2])
-
--- decide_batch decides the batch of count requests whose first key is
--- KEYS[k] and whose first argument is ARGV[base], and appends its reply to
--- reply: admitted, then five integers per request. It returns an error
--- message, or nil.
-local function decide_batch(k, count, base, reply)
-  local reqs, loaded, current, final = {}, {}, {}, {}
-  local out = {1}
-  for i = 1, count do
-    local key = KEYS[k + i - 1]
-    local a = base + 7 * (i - 1)
-    local alg = algorithms[ARGV[a]]
-    if alg == nil then
-      return 'ratelimitd: unknown algorithm ' .. tostring(ARGV[a])
-    end
-    local r = {
-      key = key, alg = alg,
-      l = {n = tonumber(ARGV[a + 1]), w = tonumber(ARGV[a + 2]), b = tonumber(ARGV[a + 3])},
-      hits = tonumber(ARGV[a + 4]), shadow = ARGV[a + 5] == '1', peek = ARGV[a + 6] == '1',
-    }
-    reqs[i] = r
-    if loaded[key] == nil then
-      loaded[key] = alg.load(key, now, r.l)
-      current[key] = loaded[key]
-    end
-    local next, allowed, remaining, reset, retry, wait = alg.step(current[key], now, r.l, r.hits)
-    r.allowed, r.retry = allowed, retry
-    if allowed then
-      current[key] = next
-      if r.hits > 0 and not r.peek then
-        final[key] = {r = r, s = next, reset = reset}
-      end
-    elseif not r.shadow then
-      out[1] = 0
-    end
-    local o = 2 + 5 * (i - 1)
-    out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = allowed and 1 or 0, remaining, reset, retry, wait
-  end
-
-  if out[1] == 1 then
-    for key, f in pairs(final) do
-      if f.reset > 0 then
-        f.r.alg.store(key, f.s, now, f.r.l, max(ceil(f.reset / 1000), min_ttl))
-      else
-        redis.call('DEL', key)
-      end
-    end
-  else
-    for i, r in ipairs(reqs) do
-      local _, _, remaining, reset = r.alg.step(loaded[r.key], now, r.l, 0)
-      local o = 2 + 5 * (i - 1)
-      out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4] = r.allowed and 1 or 0, remaining, reset, r.retry, 0
-    end
-  end
-  for _, v in ipairs(out) do
-    reply[#reply + 1] = v
-  end
-end
-
+--
 -- ARGV[3] = 'batches' asks for several batches in one call, each decided
 -- on its own, all or nothing, in order: ARGV[4] is their number B, ARGV[5]
 -- to ARGV[4 + B] the number of requests of each, and their requests'
 -- arguments follow, batch after batch, as KEYS do. The reply is each
 -- batch's reply in turn.
-local reply = {}
-if ARGV[3] == 'batches' then
-  local b = tonumber(ARGV[4])
-  local k, a = 1, 5 + b
-  for j = 1, b do
-    local count = tonumber(ARGV[4 + j])
-    local err = decide_batch(k, count, a, reply)
+--
+-- What a decision costs Redis is mostly calls and tables: every key of the
+-- call is read with one MGET, a limit is parsed once (limit_of), and a
+-- batch of one request, the common case, allocates no table of its own.
+
+-- limits caches limit_of's answers by their argument. A function library
+-- keeps it from call to call; a script builds it anew each call. It is
+-- emptied when it holds max_limits, so odd arguments cannot grow it.
+local limits, nlimits, max_limits = {}, 0, 1000
+
+-- limit_of returns the limit table of a request's limit argument, or nil
+-- and an error message.
+local function limit_of(arg)
+  local l = limits[arg]
+  if l then
+    return l
+  end
+  local name, n, w, b = string.match(arg, '^([%w_]+) (%d+) (%d+) (%d+)$')
+  if name == nil then
+    return nil, 'ratelimitd: malformed limit ' .. tostring(arg)
+  end
+  local alg = algorithms[name]
+  if alg == nil then
+    return nil, 'ratelimitd: unknown algorithm ' .. tostring(name)
+  end
+  l = {alg = alg, n = tonumber(n), w = tonumber(w), b = tonumber(b)}
+  if l.w < 1 then
+    return nil, 'ratelimitd: window under 1 us in ' .. arg
+  end
+  if l.n > 0 then
+    l.rate = new_rate(l.n, l.w)
+  end
+  if nlimits >= max_limits then
+    limits, nlimits = {}, 0
+  end
+  limits[arg], nlimits = l, nlimits + 1
+  return l
+end
+
+-- The call being decided: set by decide, read by the functions below.
+-- Redis runs one call at a time.
+local keys, vals, stored_states, now, min_ttl
+
+-- load returns the state of KEYS[j] for limit l: for a string state, as an
+-- earlier batch of this call stored it, else as MGET read it.
+local function load(j, l)
+  local alg = l.alg
+  if alg.load then
+    return alg.load(keys[j], now, l)
+  end
+  local s = stored_states[keys[j]]
+  if s == nil then
+    s = alg.decode(vals[j])
+  end
+  return s
+end
+
+-- save stores the admitted state s of KEYS[j] with the reset-after of the
+-- request that left it.
+local function save(j, l, s, reset)
+  local key = keys[j]
+  if reset > 0 then
+    l.alg.store(key, s, now, l, max(ceil(reset / 1000), min_ttl))
+  else
+    redis.call('DEL', key)
+    s = l.alg.decode and l.alg.decode(nil)
+  end
+  if l.alg.decode then
+    stored_states[key] = s
+  end
+end
+
+-- decide_one decides a batch of one request, KEYS[k] with its arguments at
+-- ARGV[a], appending its reply to reply; it returns an error message or
+-- nil. It is decide_batch for count 1, without the tables.
+local function decide_one(argv, k, a, reply)
+  local l, err = limit_of(argv[a])
+  if l == nil then
+    return err
+  end
+  local hits, flags = tonumber(argv[a + 1]), argv[a + 2]
+  local s = load(k, l)
+  local next, allowed, remaining, reset, retry, wait = l.alg.step(s, now, l, hits)
+  local o = #reply
+  if allowed then
+    if hits > 0 and flags ~= '2' and flags ~= '3' then
+      save(k, l, next, reset)
+    end
+    reply[o + 1] = 1
+  elseif flags == '1' or flags == '3' then
+    reply[o + 1] = 1 -- a shadow refusal refuses nothing
+  else
+    reply[o + 1] = 0
+    local _
+    _, _, remaining, reset = l.alg.step(s, now, l, 0)
+    wait = 0
+  end
+  reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5], reply[o + 6] = allowed and 1 or 0, remaining, reset, retry, wait
+end
+
+-- decide_batch decides the batch of count requests whose first key is
+-- KEYS[k] and whose first argument is ARGV[a], and appends its reply to
+-- reply: admitted, then five integers per request. It returns an error
+-- message, or nil.
+local function decide_batch(argv, k, count, a, reply)
+  if count == 1 then
+    return decide_one(argv, k, a, reply)
+  end
+  -- reqs[i]: {l, hits, peek, the key's state at the batch's start, the
+  -- next state when allowed, reset}; start and current: each key's state
+  -- at the batch's start and after the requests decided so far.
+  local reqs, start, current = {}, {}, {}
+  local o = #reply
+  reply[o + 1] = 1
+  for i = 1, count do
+    local j, ai = k + i - 1, a + 3 * (i - 1)
+    local l, err = limit_of(argv[ai])
+    if l == nil then
+      return err
+    end
+    local hits, flags = tonumber(argv[ai + 1]), argv[ai + 2]
+    local key = keys[j]
+    if start[key] == nil then
+      start[key] = load(j, l)
+      current[key] = start[key]
+    end
+    local next, allowed, remaining, reset, retry, wait = l.alg.step(current[key], now, l, hits)
+    local r = {l, hits, flags == '2' or flags == '3', start[key], nil, reset}
+    if allowed then
+      current[key] = next
+      r[5] = next
+    elseif flags ~= '1' and flags ~= '3' then
+      reply[o + 1] = 0
+    end
+    reqs[i] = r
+    local p = o + 2 + 5 * (i - 1)
+    reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = allowed and 1 or 0, remaining, reset, retry, wait
+  end
+
+  if reply[o + 1] == 1 then
+    -- Each key keeps the state its last stored request left.
+    for i = count, 1, -1 do
+      local r = reqs[i]
+      local key = keys[k + i - 1]
+      if r[5] and r[2] > 0 and not r[3] and current[key] ~= false then
+        save(k + i - 1, r[1], r[5], r[6])
+        current[key] = false
+      end
+    end
+  else
+    for i = 1, count do
+      local r = reqs[i]
+      local _, _, remaining, reset = r[1].alg.step(r[4], now, r[1], 0)
+      local p = o + 2 + 5 * (i - 1)
+      reply[p + 1], reply[p + 2], reply[p + 4] = remaining, reset, 0
+    end
+  end
+end
+
+local function decide(KEYS, ARGV)
+  if ARGV[1] == '' then
+    if redis.replicate_commands then
+      redis.replicate_commands() -- writes after TIME, before Redis 5
+    end
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  else
+    now = tonumber(ARGV[1])
+  end
+  min_ttl = tonumber(ARGV[2])
+  keys, stored_states = KEYS, {}
+  -- One MGET reads every key (in chunks: unpack is limited to a few
+  -- thousand values). A key that holds no string reads as false.
+  local n = #KEYS
+  if n <= 1000 then
+    vals = n > 0 and redis.call('MGET', unpack(KEYS)) or {}
+  else
+    vals = {}
+    for from = 1, n, 1000 do
+      local got = redis.call('MGET', unpack(KEYS, from, min(from + 999, n)))
+      for i = 1, #got do
+        vals[from + i - 1] = got[i]
+      end
+    end
+  end
+
+  local reply = {}
+  if ARGV[3] == 'batches' then
+    local b = tonumber(ARGV[4])
+    local k, a = 1, 5 + b
+    for j = 1, b do
+      local count = tonumber(ARGV[4 + j])
+      local err = decide_batch(ARGV, k, count, a, reply)
+      if err then
+        return redis.error_reply(err)
+      end
+      k, a = k + count, a + 3 * count
+    end
+  else
+    local err = decide_batch(ARGV, 1, n, 3, reply)
     if err then
       return redis.error_reply(err)
     end
-    k, a = k + count, a + 7 * count
   end
-else
-  local err = decide_batch(1, #KEYS, 3, reply)
-  if err then
-    return redis.error_reply(err)
-  end
+  keys, vals, stored_states = nil, nil, nil
+  return reply
 end
-return reply

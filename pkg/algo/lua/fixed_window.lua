@@ -2,8 +2,8 @@
 -- State (a string "t c"): t is the start of the counted window, c the hits
 -- admitted in it. Windows are aligned to the Unix epoch.
 do
-  local load, store = string_state({'t', 'c'})
-  algorithms.fixed_window = {load = load, store = store, step = function(s, now, l, hits)
+  local decode, store = string_state({'t', 'c'})
+  algorithms.fixed_window = {decode = decode, store = store, step = function(s, now, l, hits)
     local w, n = l.w, l.n
     local start = now - floor_mod(now, w)
     if s.t > start and s.t - start <= w then

@@ -1,13 +1,13 @@
 -- gcra.lua: the twin of algo's gcra.
 -- State (a string "t f"): the theoretical arrival time, t + f/N us.
 do
-  local load, store = string_state({'t', 'f'})
-  algorithms.gcra = {load = load, store = store, step = function(s, now, l, hits)
+  local decode, store = string_state({'t', 'f'})
+  algorithms.gcra = {decode = decode, store = store, step = function(s, now, l, hits)
     if l.n == 0 then
       if hits == 0 then return s, true, 0, 0, 0, 0 end
       return s, false, 0, 0, NEVER, 0
     end
-    local r, b = new_rate(l.n, l.w), l.b
+    local r, b = l.rate, l.b
     local lim_us, lim_f = cost(r, b) -- the furthest the TAT may be ahead
     local tus, tf = stored(r, s.t, s.f)
     if cmp(tus, tf, now, 0) < 0 then

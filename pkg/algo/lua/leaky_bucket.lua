@@ -2,13 +2,13 @@
 -- State (a string "t c f"): c is the queue level after the last leak, at
 -- instant t + f/N us. The queue drains one hit every W/N us.
 do
-  local load, store = string_state({'t', 'c', 'f'})
-  algorithms.leaky_bucket = {load = load, store = store, step = function(s, now, l, hits)
+  local decode, store = string_state({'t', 'c', 'f'})
+  algorithms.leaky_bucket = {decode = decode, store = store, step = function(s, now, l, hits)
     if l.n == 0 then
       if hits == 0 then return s, true, 0, 0, 0, 0 end
       return s, false, 0, 0, NEVER, 0
     end
-    local r, b = new_rate(l.n, l.w), l.b
+    local r, b = l.rate, l.b
     local level = s.c
     local lus, lf = stored(r, s.t, s.f)
     if level <= 0 then

@@ -27,8 +27,8 @@ do
     return e
   end
 
-  local load, store = string_state({'t', 'c', 'p'})
-  algorithms.sliding_window_counter = {load = load, store = store, step = function(s, now, l, hits)
+  local decode, store = string_state({'t', 'c', 'p'})
+  algorithms.sliding_window_counter = {decode = decode, store = store, step = function(s, now, l, hits)
     local w, n = l.w, l.n
     local start = now - floor_mod(now, w)
     if s.t > start and s.t - start <= w then

@@ -2,13 +2,13 @@
 -- State (a string "t c f"): c is the whole tokens held after the last
 -- refill, at instant t + f/N us; t = 0 (no key) is a full bucket.
 do
-  local load, store = string_state({'t', 'c', 'f'})
-  algorithms.token_bucket = {load = load, store = store, step = function(s, now, l, hits)
+  local decode, store = string_state({'t', 'c', 'f'})
+  algorithms.token_bucket = {decode = decode, store = store, step = function(s, now, l, hits)
     if l.n == 0 then
       if hits == 0 then return s, true, 0, 0, 0, 0 end
       return s, false, 0, 0, NEVER, 0
     end
-    local r, b = new_rate(l.n, l.w), l.b
+    local r, b = l.rate, l.b
     local tokens, lus, lf = b, now, 0
     if s.t ~= 0 then
       tokens = min(s.c, b)

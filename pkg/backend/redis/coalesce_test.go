@@ -49,6 +49,7 @@ func TestBatchesAgree(t *testing.T) {
 							Limit:  limits[k],
 							Hits:   rng.Uint64N(4),
 							Shadow: rng.IntN(6) == 0,
+							Peek:   rng.IntN(8) == 0,
 						}
 						keys = append(keys, lua.opts.Prefix+string(batches[bi][i].Key))
 					}

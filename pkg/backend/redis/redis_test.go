@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -308,4 +309,65 @@ func boolInt(b bool) uint64 {
 		return 1
 	}
 	return 0
+}
+
+// TestManyLimits decides with more distinct limits than the decision
+// function caches (1,000), in calls that span the cache's reset, and wants
+// what the Go step functions decide.
+func TestManyLimits(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	now := algotest.Epoch
+	mem := memory.New(memory.Options{Now: func() time.Time { return now }, SweepInterval: -1})
+	defer mem.Close()
+	lua := testBackend(t, c)
+	algs := algo.Algorithms()
+	const n = 2500
+	reqs := make([]algo.Request, 0, 100)
+	for i := range n {
+		a := algs[i%len(algs)]
+		l := algo.Limit{Algorithm: a, Requests: 1 + uint64(i%7), Window: time.Duration(1+i) * time.Millisecond}
+		reqs = append(reqs, algo.Request{Key: []byte(fmt.Sprintf("many|%d", i)), Limit: l, Hits: 1 + uint64(i%3)})
+		if len(reqs) < cap(reqs) && i < n-1 {
+			continue
+		}
+		want := make([]algo.Decision, len(reqs))
+		got := make([]algo.Decision, len(reqs))
+		if err := mem.Decide(ctx, reqs, want); err != nil {
+			t.Fatal(err)
+		}
+		if err := lua.decide(ctx, now, reqs, got); err != nil {
+			t.Fatalf("limits up to %d: %v", i, err)
+		}
+		for j := range reqs {
+			if got[j] != want[j] {
+				t.Fatalf("limits up to %d, request %d (%+v): Lua %s, Go %s", i, j, reqs[j].Limit, algotest.Format(got[j]), algotest.Format(want[j]))
+			}
+		}
+		reqs = reqs[:0]
+		now = now.Add(time.Millisecond)
+	}
+}
+
+// TestMalformedLimitArgument calls the decision code with limit arguments
+// the Go side never sends and wants an error naming the argument, not a
+// Lua error or a decision.
+func TestMalformedLimitArgument(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	b := testBackend(t, c)
+	for _, scripts := range []bool{false, true} {
+		b.scripts.Store(scripts)
+		for arg, want := range map[string]string{
+			"fixed_window 10 1000000":      "malformed limit",
+			"fixed_window 10 0 10":         "window under 1 us",
+			"no_such_algorithm 10 1000 10": "unknown algorithm no_such_algorithm",
+			"":                             "malformed limit",
+		} {
+			_, err := b.run(ctx, c, []string{b.opts.Prefix + "bad"}, []any{"", "0", arg, "1", "0"})
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("scripts %v, limit %q: error %v, want one containing %q", scripts, arg, err, want)
+			}
+		}
+	}
 }

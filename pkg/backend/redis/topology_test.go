@@ -478,7 +478,7 @@ func BenchmarkDecide(b *testing.B) {
 // Redis user: the script and what it runs, on the prefix's keys only, and
 // the Cluster's slot map.
 const leastPrivilege = "on >rl-secret ~ratelimitd:* +fcall +function|load +evalsha +eval +script|load +ping +hello +auth " +
-	"+get +set +del +pexpire +time +zadd +zcount +zrangebyscore +zrevrangebyscore +zremrangebyscore " +
+	"+mget +set +del +pexpire +time +zadd +zcount +zrangebyscore +zrevrangebyscore +zremrangebyscore " +
 	"+cluster|slots"
 
 // TestLeastPrivilegeACL decides every algorithm as a user holding only the
