@@ -68,7 +68,7 @@ LOADTEST_DURATION ?= 10s
 .PHONY: loadtest
 loadtest: build ## start Redis and ratelimitd on loopback, load them, print one table (LOADTEST_DURATION each)
 	$(GO) build -o bin/ratelimit-bench ./cmd/ratelimit-bench
-	bin/ratelimit-bench loadtest -ratelimitd bin/ratelimitd -config examples -duration $(LOADTEST_DURATION)
+	bin/ratelimit-bench loadtest -ratelimitd bin/ratelimitd -duration $(LOADTEST_DURATION)
 
 .PHONY: fuzz
 fuzz: ## run each fuzz target for FUZZ_TIME

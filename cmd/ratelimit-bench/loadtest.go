@@ -32,6 +32,7 @@ type loadtestConfig struct {
 	RedisBenchmark string        // the redis-benchmark binary
 	Config         string        // rule files for ratelimitd
 	Domain, Key    string        // what the requests ask about
+	AlsoDomain     string        // a second domain measured at Workers callers; "" for none
 	Duration       time.Duration // of each scenario's measurement
 	Warmup         time.Duration // before each generator scenario
 	Workers        int           // of the concurrent scenarios
@@ -58,8 +59,9 @@ func loadtestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&c.Ratelimitd, "ratelimitd", "bin/ratelimitd", "the ratelimitd binary to start")
 	fs.StringVar(&c.RedisServer, "redis-server", "redis-server", "the redis-server binary to start")
 	fs.StringVar(&c.RedisBenchmark, "redis-benchmark", "redis-benchmark", "the redis-benchmark binary")
-	fs.StringVar(&c.Config, "config", "examples", "rule files for ratelimitd")
-	fs.StringVar(&c.Domain, "domain", "api", "the requests' domain")
+	fs.StringVar(&c.Config, "config", "", "rule files for ratelimitd; empty for the load test's own (domains "+oneLimit+" and "+twoLimits+")")
+	fs.StringVar(&c.Domain, "domain", oneLimit, "the requests' domain")
+	fs.StringVar(&c.AlsoDomain, "also-domain", twoLimits, "a second domain, measured with -workers callers only; empty for none")
 	fs.StringVar(&c.Key, "key", "user_id", "the key of the requests' descriptor entry")
 	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long each scenario is measured")
 	fs.DurationVar(&c.Warmup, "warmup", time.Second, "warm-up before each generator scenario")
@@ -104,6 +106,40 @@ Flags:
 	return exitOK
 }
 
+// The load test's own rules: one descriptor (user_id) limited once, as the
+// incumbent's reference figures are, and limited twice, as examples/api.yaml
+// does, which doubles the keys every decision reads and writes. The
+// limits are high enough that the uniform load over 10,000 users is
+// admitted.
+const (
+	oneLimit  = "one_limit"
+	twoLimits = "two_limits"
+)
+
+// loadtestRules are the rule files of the load test's own rules, by name.
+func loadtestRules() map[string]string {
+	return map[string]string{
+		oneLimit + ".yaml": `# written by ratelimit-bench loadtest
+domain: ` + oneLimit + `
+descriptors:
+  - key: user_id
+    rate_limit:
+      requests_per_unit: 1000
+      unit: second
+`,
+		twoLimits + ".yaml": `# written by ratelimit-bench loadtest
+domain: ` + twoLimits + `
+descriptors:
+  - key: user_id
+    rate_limits:
+      - requests_per_unit: 1000
+        unit: second
+      - requests_per_unit: 1000000
+        unit: hour
+`,
+	}
+}
+
 // loadtest runs the scenarios, keeping track of the processes it starts.
 type loadtest struct {
 	cfg *loadtestConfig
@@ -130,6 +166,24 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 			return nil, err
 		}
 	}
+	dir, err := os.MkdirTemp("", "ratelimit-bench-loadtest-")
+	if err != nil {
+		return nil, err
+	}
+	lt.dir = dir
+	lt.logf("logs and the Redis directory: %s", dir)
+	if c.Config == "" {
+		c.Config = filepath.Join(dir, "rules")
+		if err := os.Mkdir(c.Config, 0o755); err != nil {
+			return nil, err
+		}
+		for name, text := range loadtestRules() {
+			if err := os.WriteFile(filepath.Join(c.Config, name), []byte(text), 0o644); err != nil {
+				return nil, err
+			}
+		}
+		lt.logf("rules: %s", c.Config)
+	}
 	abs, err := filepath.Abs(c.Config)
 	if err != nil {
 		return nil, err
@@ -140,13 +194,6 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 			return nil, err
 		}
 	}
-	dir, err := os.MkdirTemp("", "ratelimit-bench-loadtest-")
-	if err != nil {
-		return nil, err
-	}
-	lt.dir = dir
-	lt.logf("logs and the Redis directory: %s", dir)
-
 	redis, redisAddr, err := lt.startRedis(ctx)
 	if err != nil {
 		return nil, err
@@ -169,19 +216,29 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 	}
 	generator := []struct {
 		name           string
+		domain         string
 		workers, conns int
 		rate           float64
 		file           string
 	}{
-		{fmt.Sprintf("ratelimitd, %s: %d callers, closed loop", onRedis, c.Workers), c.Workers, c.Conns, 0, "redis-closed-%d"},
-		{fmt.Sprintf("ratelimitd, %s: 1 caller, closed loop", onRedis), 1, 1, 0, "redis-closed-1"},
-		{fmt.Sprintf("ratelimitd, %s: open loop at %s/s (%d workers)", onRedis, num(c.Rate), c.Workers), c.Workers, c.Conns, c.Rate, "redis-open"},
+		{fmt.Sprintf("ratelimitd, %s: %d callers, closed loop", onRedis, c.Workers), c.Domain, c.Workers, c.Conns, 0, "redis-closed-%d"},
+		{fmt.Sprintf("ratelimitd, %s: 1 caller, closed loop", onRedis), c.Domain, 1, 1, 0, "redis-closed-1"},
+		{fmt.Sprintf("ratelimitd, %s: open loop at %s/s (%d workers)", onRedis, num(c.Rate), c.Workers), c.Domain, c.Workers, c.Conns, c.Rate, "redis-open"},
+	}
+	if c.AlsoDomain != "" {
+		generator = append(generator, struct {
+			name           string
+			domain         string
+			workers, conns int
+			rate           float64
+			file           string
+		}{fmt.Sprintf("ratelimitd, %s: %d callers, closed loop, domain %s", onRedis, c.Workers, c.AlsoDomain), c.AlsoDomain, c.Workers, c.Conns, 0, "redis-closed-%d-" + c.AlsoDomain})
 	}
 	for _, g := range generator {
 		if err := rdb.FlushAll(ctx).Err(); err != nil {
 			return nil, fmt.Errorf("FLUSHALL before %q: %w", g.name, err)
 		}
-		row, err := lt.generate(ctx, g.name, g.file, grpcAddr, g.workers, g.conns, g.rate, procs)
+		row, err := lt.generate(ctx, g.name, g.file, grpcAddr, g.domain, g.workers, g.conns, g.rate, procs)
 		if err != nil {
 			return nil, err
 		}
@@ -212,7 +269,7 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 		return nil, err
 	}
 	row, err := lt.generate(ctx, fmt.Sprintf("ratelimitd, memory: %d callers, closed loop", c.Workers), "memory-closed-%d",
-		memAddr, c.Workers, c.Conns, 0, []proc{{"ratelimitd", mem.pid()}})
+		memAddr, c.Domain, c.Workers, c.Conns, 0, []proc{{"ratelimitd", mem.pid()}})
 	if err != nil {
 		return nil, err
 	}
@@ -226,12 +283,12 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 }
 
 // generate runs the generator against addr and makes a row of its report.
-func (lt *loadtest) generate(ctx context.Context, name, file, addr string, workers, conns int, rate float64, procs []proc) (scenario, error) {
+func (lt *loadtest) generate(ctx context.Context, name, file, addr, domain string, workers, conns int, rate float64, procs []proc) (scenario, error) {
 	c := lt.cfg
 	bc := &benchConfig{
 		Addr: addr, Workers: workers, Conns: conns, Duration: c.Duration,
 		Keys: c.Keys, Dist: "uniform", Descriptors: 1,
-		Domain: c.Domain, Key: c.Key, ValuePrefix: "user-",
+		Domain: domain, Key: c.Key, ValuePrefix: "user-",
 		Rate: rate, Warmup: c.Warmup, Timeout: 5 * time.Second, Seed: 1, Procs: procs,
 	}
 	var pids []string
@@ -239,7 +296,7 @@ func (lt *loadtest) generate(ctx context.Context, name, file, addr string, worke
 		pids = append(pids, fmt.Sprintf("%s=%d", p.Name, p.PID))
 	}
 	lt.logf("running %s for %v (+%v warm-up): ratelimit-bench -addr %s -workers %d -conns %d -keys %d -domain %s -key %s -rate %g -duration %v -warmup %v -pids %s",
-		name, c.Duration, c.Warmup, addr, workers, conns, c.Keys, c.Domain, c.Key, rate, c.Duration, c.Warmup, strings.Join(pids, ","))
+		name, c.Duration, c.Warmup, addr, workers, conns, c.Keys, domain, c.Key, rate, c.Duration, c.Warmup, strings.Join(pids, ","))
 	r, err := runBench(ctx, bc)
 	if err != nil {
 		return scenario{}, fmt.Errorf("%s: %w", name, err)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -126,5 +127,26 @@ func TestRedisStartsAndStops(t *testing.T) {
 	if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		conn.Close()
 		t.Fatal("Redis still listens after stopAll")
+	}
+}
+
+// TestLoadtestRules loads the load test's own rules and checks the two
+// domains limit user_id once and twice.
+func TestLoadtestRules(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range loadtestRules() {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for domain, limits := range map[string]int{oneLimit: 1, twoLimits: 2} {
+		lt := &loadtest{cfg: &loadtestConfig{Config: dir, Domain: domain, Key: "user_id"}}
+		keys, _, err := lt.scriptCall()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) != limits {
+			t.Errorf("domain %s: one decision reads %d keys, want %d", domain, len(keys), limits)
+		}
 	}
 }

@@ -97,7 +97,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.redis.TLSKeyFile, "redis-tls-key", "", "PEM `file` of the key of -redis-tls-cert")
 	fs.StringVar(&c.redisPrefix, "redis-prefix", "ratelimitd:", "`prefix` of every Redis key, isolating tenants of one Redis")
 	fs.StringVar(&c.redisHashTag, "redis-hash-tag", "descriptor", "what places a key in a Redis Cluster, and so what is decided atomically: descriptor (its limits together) or domain (a whole request)")
-	fs.IntVar(&c.redisCoalesce, "redis-coalesce", 0, "decide through this many workers, each sending every decision waiting when it is free in one Redis call (each still all or nothing); 0 sends one call per decision. Not for cluster mode")
+	fs.IntVar(&c.redisCoalesce, "redis-coalesce", 4, "decide through this many workers, each sending every decision waiting when it is free in one Redis call (each still all or nothing); 0 sends one call per decision. Cluster mode always sends one call per slot of a decision")
 	fs.BoolVar(&c.redisScripts, "redis-scripts", false, "decide with EVALSHA scripts even where Redis 7 offers functions (FCALL, cheaper; used by default when available)")
 	fs.StringVar(&c.redisClock, "redis-clock", "redis", "clock the Redis scripts decide by: redis (TIME; replicas may disagree on the time) or local (this process's, for Redis-compatible services that forbid TIME in scripts)")
 	fs.StringVar(&c.grpcTLS.Cert, "grpc-tls-cert", "", "PEM `file` of the gRPC listener's certificate chain; with -grpc-tls-key, gRPC is served over TLS (re-read when the file changes)")

@@ -30,6 +30,11 @@ import (
 // evictionReportInterval is how often serve reports evictions of live keys.
 const evictionReportInterval = 30 * time.Second
 
+// streamWorkers is the size of the gRPC server's goroutine pool: about as
+// many calls as a replica has in flight under load (each waits on the
+// backend for most of its time).
+const streamWorkers = 64
+
 // serve runs the servers until ctx is done, then drains them.
 func serve(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
 	var c serveConfig
@@ -157,6 +162,11 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	if grpcTLS != nil {
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(grpcTLS)))
 	}
+	// Calls run on a pool of goroutines whose stacks have already grown:
+	// a goroutine per call spent a tenth of the CPU growing its stack
+	// (docs/performance.md). Calls beyond the pool get goroutines of their
+	// own, so the pool never makes a call wait.
+	grpcOpts = append(grpcOpts, grpc.NumStreamWorkers(streamWorkers))
 	gs := grpc.NewServer(grpcOpts...)
 	svc.RegisterGRPC(gs)
 	hs := newHTTPServer(svc.WrapHTTP(withMetrics(svc.HTTPHandler(), reg)), log)
