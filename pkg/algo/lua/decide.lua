@@ -87,15 +87,14 @@ end
 -- save stores the admitted state s of KEYS[j] with the reset-after of the
 -- request that left it.
 local function save(j, l, s, reset)
-  local key = keys[j]
+  local key, alg = keys[j], l.alg
   if reset > 0 then
-    l.alg.store(key, s, now, l, max(ceil(reset / 1000), min_ttl))
+    alg.store(key, s, now, l, max(ceil(reset / 1000), min_ttl))
   else
-    redis.call('DEL', key)
-    s = l.alg.decode and l.alg.decode(nil)
+    redis.call('DEL', key) -- a state that frees up at once is no state
   end
-  if l.alg.decode then
-    stored_states[key] = s
+  if alg.decode then
+    stored_states[key] = reset > 0 and s or alg.decode(nil)
   end
 end
 
