@@ -116,13 +116,14 @@ const (
 	twoLimits = "two_limits"
 )
 
-// loadtestRules are the rule files of the load test's own rules, by name.
-func loadtestRules() map[string]string {
+// loadtestRules are the rule files of the load test's own rules, by name,
+// limiting descriptors of key.
+func loadtestRules(key string) map[string]string {
 	return map[string]string{
 		oneLimit + ".yaml": `# written by ratelimit-bench loadtest
 domain: ` + oneLimit + `
 descriptors:
-  - key: user_id
+  - key: ` + key + `
     rate_limit:
       requests_per_unit: 1000
       unit: second
@@ -130,7 +131,7 @@ descriptors:
 		twoLimits + ".yaml": `# written by ratelimit-bench loadtest
 domain: ` + twoLimits + `
 descriptors:
-  - key: user_id
+  - key: ` + key + `
     rate_limits:
       - requests_per_unit: 1000
         unit: second
@@ -177,7 +178,7 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 		if err := os.Mkdir(c.Config, 0o755); err != nil {
 			return nil, err
 		}
-		for name, text := range loadtestRules() {
+		for name, text := range loadtestRules(c.Key) {
 			if err := os.WriteFile(filepath.Join(c.Config, name), []byte(text), 0o644); err != nil {
 				return nil, err
 			}
@@ -214,25 +215,20 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 			onRedis = "Redis (" + how
 		}
 	}
-	generator := []struct {
+	type generatorRun struct {
 		name           string
 		domain         string
 		workers, conns int
 		rate           float64
 		file           string
-	}{
+	}
+	generator := []generatorRun{
 		{fmt.Sprintf("ratelimitd, %s: %d callers, closed loop", onRedis, c.Workers), c.Domain, c.Workers, c.Conns, 0, "redis-closed-%d"},
 		{fmt.Sprintf("ratelimitd, %s: 1 caller, closed loop", onRedis), c.Domain, 1, 1, 0, "redis-closed-1"},
 		{fmt.Sprintf("ratelimitd, %s: open loop at %s/s (%d workers)", onRedis, num(c.Rate), c.Workers), c.Domain, c.Workers, c.Conns, c.Rate, "redis-open"},
 	}
 	if c.AlsoDomain != "" {
-		generator = append(generator, struct {
-			name           string
-			domain         string
-			workers, conns int
-			rate           float64
-			file           string
-		}{fmt.Sprintf("ratelimitd, %s: %d callers, closed loop, domain %s", onRedis, c.Workers, c.AlsoDomain), c.AlsoDomain, c.Workers, c.Conns, 0, "redis-closed-%d-" + c.AlsoDomain})
+		generator = append(generator, generatorRun{fmt.Sprintf("ratelimitd, %s: %d callers, closed loop, domain %s", onRedis, c.Workers, c.AlsoDomain), c.AlsoDomain, c.Workers, c.Conns, 0, "redis-closed-%d-" + c.AlsoDomain})
 	}
 	for _, g := range generator {
 		if err := rdb.FlushAll(ctx).Err(); err != nil {

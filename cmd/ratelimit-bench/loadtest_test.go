@@ -134,7 +134,7 @@ func TestRedisStartsAndStops(t *testing.T) {
 // domains limit user_id once and twice.
 func TestLoadtestRules(t *testing.T) {
 	dir := t.TempDir()
-	for name, text := range loadtestRules() {
+	for name, text := range loadtestRules("user_id") {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
