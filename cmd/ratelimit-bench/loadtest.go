@@ -75,7 +75,9 @@ func loadtestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 Starts redis-server and ratelimitd (-backend redis, then -backend memory) on
 free loopback ports, runs the standard scenarios against them and prints one
-table; every process it started is stopped at the end, on failure too.
+table; every process it started is stopped at the end, on failure too. The
+last rows are this machine's floors: the same load on a grpc-go server that
+answers at once (ratelimit-bench floor-server), and a round trip to Redis.
 
 Flags:
 `)
@@ -275,7 +277,48 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 	}
 	rows = append(rows, row)
 	lt.stop(mem)
-	return rows, nil
+
+	floors, err := lt.floors(ctx, redisAddr, redis.pid())
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, floors...), nil
+}
+
+// floors measures what this machine costs before ratelimitd decides
+// anything: a grpc-go server answering at once, loaded as ratelimitd is,
+// and a round trip to Redis. Each figure of ratelimitd's rows is at least
+// its floor's, plus a Redis round trip where it decides with Redis.
+func (lt *loadtest) floors(ctx context.Context, redisAddr string, redisPID int) ([]scenario, error) {
+	c := lt.cfg
+	var rows []scenario
+	fl, addr, err := lt.startFloor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	procs := []proc{{"floor-server", fl.pid()}}
+	for _, g := range []struct {
+		name           string
+		workers, conns int
+		rate           float64
+		file           string
+	}{
+		{fmt.Sprintf("floor: grpc-go answering at once: %d callers, closed loop", c.Workers), c.Workers, c.Conns, 0, "floor-closed-%d"},
+		{"floor: grpc-go answering at once: 1 caller, closed loop", 1, 1, 0, "floor-closed-1"},
+		{fmt.Sprintf("floor: grpc-go answering at once: open loop at %s/s (%d workers)", num(c.Rate), c.Workers), c.Workers, c.Conns, c.Rate, "floor-open"},
+	} {
+		row, err := lt.generate(ctx, g.name, g.file, addr, c.Domain, g.workers, g.conns, g.rate, procs)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, row)
+	}
+	lt.stop(fl)
+	row, err := lt.redisRoundTrip(ctx, redisAddr, redisPID)
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, row), nil
 }
 
 // generate runs the generator against addr and makes a row of its report.
@@ -313,7 +356,7 @@ func (lt *loadtest) generate(ctx context.Context, name, file, addr, domain strin
 		P50: r.Latency.P50, P99: r.Latency.P99, P999: r.Latency.P999,
 		ServerCPU: -1, RedisCPU: -1, BenchCPU: -1,
 	}
-	if p := r.cpuOf("ratelimitd"); p != nil {
+	if p := r.cpuOf(procs[0].Name); p != nil { // the server is first
 		row.ServerCPU = p.MicrosPerDecision
 	}
 	if p := r.cpuOf("redis"); p != nil {
@@ -474,27 +517,53 @@ func (lt *loadtest) redisBenchmark(ctx context.Context, rdb *goredis.Client, add
 		return scenario{}, err
 	}
 	host, port, _ := net.SplitHostPort(addr)
-	cmdArgs := func(n int) []string {
+	row, err := lt.measureRedisBenchmark(ctx, name, redisPID, func(n int) []string {
 		a := []string{"-h", host, "-p", port, "-c", strconv.Itoa(c.Workers), "-n", strconv.Itoa(n),
 			"-r", strconv.Itoa(c.Keys), "-P", strconv.Itoa(pipeline), "--csv"}
 		a = append(a, call...)
 		a = append(a, strconv.Itoa(len(keys)))
 		a = append(a, keys...)
 		return append(a, argv...)
+	})
+	if err != nil {
+		return scenario{}, err
 	}
-	// A short run sizes the measured one to last about Duration.
+	row.Notes = append(row.Notes, fmt.Sprintf("each call decides the %d limit(s) of (%s, …) in domain %s; redis-benchmark reports no p99.9", len(keys), c.Key, c.Domain))
+	return row, nil
+}
+
+// redisRoundTrip runs redis-benchmark sending PING from one client: the
+// latency of a round trip to Redis on this machine, which every decision
+// ratelimitd makes with Redis pays once.
+func (lt *loadtest) redisRoundTrip(ctx context.Context, addr string, redisPID int) (scenario, error) {
+	host, port, _ := net.SplitHostPort(addr)
+	row, err := lt.measureRedisBenchmark(ctx, "redis-benchmark: PING, 1 client", redisPID, func(n int) []string {
+		return []string{"-h", host, "-p", port, "-c", "1", "-n", strconv.Itoa(n), "--csv", "ping"}
+	})
+	if err != nil {
+		return scenario{}, err
+	}
+	row.Notes = append(row.Notes, "one round trip to Redis and back; redis-benchmark reports no p99.9")
+	return row, nil
+}
+
+// measureRedisBenchmark runs redis-benchmark with args(n) for n calls,
+// sized by a short run to last about the load test's duration, and makes a
+// row of its result and of what Redis spent per call.
+func (lt *loadtest) measureRedisBenchmark(ctx context.Context, name string, redisPID int, args func(n int) []string) (scenario, error) {
+	c := lt.cfg
 	lt.logf("running %s: sizing", name)
-	cal, err := lt.runRedisBenchmark(ctx, cmdArgs(20_000))
+	cal, err := lt.runRedisBenchmark(ctx, args(20_000))
 	if err != nil {
 		return scenario{}, err
 	}
 	n := int(min(max(cal.rps*c.Duration.Seconds(), 10_000), maxCount))
-	lt.logf("running %s: %d calls (about %v): %s", name, n, c.Duration, shellJoin(append([]string{filepath.Base(c.RedisBenchmark)}, cmdArgs(n)...)))
+	lt.logf("running %s: %d calls (about %v): %s", name, n, c.Duration, shellJoin(append([]string{filepath.Base(c.RedisBenchmark)}, args(n)...)))
 	before, err := cpuTicks(redisPID)
 	if err != nil {
 		return scenario{}, err
 	}
-	res, err := lt.runRedisBenchmark(ctx, cmdArgs(n))
+	res, err := lt.runRedisBenchmark(ctx, args(n))
 	if err != nil {
 		return scenario{}, err
 	}
@@ -508,8 +577,8 @@ func (lt *loadtest) redisBenchmark(ctx context.Context, rdb *goredis.Client, add
 		P50: res.p50, P99: res.p99, P999: -1,
 		ServerCPU: -1, BenchCPU: -1,
 		RedisCPU: micros(ticksToDuration(after-before, hz)) / float64(n),
+		Notes:    []string{fmt.Sprintf("%d calls", n)},
 	}
-	row.Notes = append(row.Notes, fmt.Sprintf("%d calls with %d keys each, the limits of (%s, …) in domain %s; redis-benchmark reports no p99.9", n, len(keys), c.Key, c.Domain))
 	lt.logf("  %s calls/s, p50 %s, p99 %s", num(row.DecisionsPerS), us(row.P50), us(row.P99))
 	return row, nil
 }
@@ -736,16 +805,32 @@ func freePort() (int, error) {
 }
 
 // startRatelimitd starts ratelimitd on ports of 127.0.0.1 it picks itself
-// and returns its gRPC address, read from its log line "serving gRPC".
+// and returns its gRPC address.
 func (lt *loadtest) startRatelimitd(ctx context.Context, name string, extra ...string) (*child, string, error) {
 	args := append([]string{
 		"-config", lt.cfg.Config,
 		"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
 		"-log-format", "json", "-watch-config=false", "-shutdown-timeout", "1s",
 	}, extra...)
-	lt.logf("starting %s", shellJoin(append([]string{lt.cfg.Ratelimitd}, args...)))
+	return lt.startServer(ctx, name, lt.cfg.Ratelimitd, args)
+}
+
+// startFloor starts this program's floor-server on a port of 127.0.0.1 it
+// picks itself and returns its gRPC address.
+func (lt *loadtest) startFloor(ctx context.Context) (*child, string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, "", fmt.Errorf("finding ratelimit-bench itself for its floor-server: %w", err)
+	}
+	return lt.startServer(ctx, "floor-server", self, []string{"floor-server", "-addr", "127.0.0.1:0"})
+}
+
+// startServer starts the gRPC server bin with args and returns its
+// address, read from its JSON log line "serving gRPC".
+func (lt *loadtest) startServer(ctx context.Context, name, bin string, args []string) (*child, string, error) {
+	lt.logf("starting %s", shellJoin(append([]string{bin}, args...)))
 	pr, pw := io.Pipe()
-	ch, err := lt.start(name, lt.cfg.Ratelimitd, args, pw)
+	ch, err := lt.start(name, bin, args, pw)
 	if err != nil {
 		pw.Close()
 		return nil, "", err

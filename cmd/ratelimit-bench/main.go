@@ -8,6 +8,8 @@
 //	ratelimit-bench [flags]            load the server at -addr and report
 //	ratelimit-bench loadtest [flags]   start Redis and ratelimitd, run the
 //	                                   standard scenarios, print one table
+//	ratelimit-bench floor-server       serve RLS with a constant answer: the
+//	                                   least a grpc-go server costs
 //
 // N workers (-workers) share C gRPC connections (-conns) and send
 // ShouldRateLimit calls for -duration or -count, each for one of -keys
@@ -53,6 +55,9 @@ func main() {
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "loadtest" {
 		return loadtestMain(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "floor-server" {
+		return floorMain(ctx, args[1:], stderr)
 	}
 	c, asJSON, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -108,7 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (c *benchConfig, asJSON bool, e
 	fs.BoolVar(&asJSON, "json", false, "print the report as JSON")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write the generator's own CPU profile of the measured interval to this file (go tool pprof)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage:\n  ratelimit-bench [flags]            load a RateLimitService on loopback and report\n  ratelimit-bench loadtest [flags]   start Redis and ratelimitd, run the standard scenarios (loadtest -h)\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage:\n  ratelimit-bench [flags]            load a RateLimitService on loopback and report\n  ratelimit-bench loadtest [flags]   start Redis and ratelimitd, run the standard scenarios (loadtest -h)\n  ratelimit-bench floor-server       serve RLS with a constant answer on loopback (floor-server -h)\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
