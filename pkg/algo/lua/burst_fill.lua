@@ -3,7 +3,7 @@
 -- with the first hit admitted after the previous window ended; c the hits
 -- admitted in it.
 do
-  local decode, store = string_state({'t', 'c'})
+  local decode, store = string_state({'t', 'c'}, same_window)
   algorithms.burst_fill = {decode = decode, store = store, step = function(s, now, l, hits)
     local w, n = l.w, l.n
     local start, used = now, 0

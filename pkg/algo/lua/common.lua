@@ -124,21 +124,36 @@ end
 --   load(key, now, l) -> state     the state stored under key, read by the
 --                                  algorithm itself (a state that is no string)
 --   step(s, now, l, hits) -> next, allowed, remaining, reset_us, retry_us, wait_us
---   store(key, s, now, l, ttl_ms) saves a state that was admitted
+--   store(key, s, now, l, ttl_ms, prev) saves a state that was admitted;
+--                                  prev is the key's state as it stands
 -- where l = {n = N, w = W in us, b = B, rate = new_rate(N, W) when N > 0}
 -- (see limit_of in decide.lua). step is pure, as algo.Step is: it returns s
 -- itself when the request is refused or hits is 0.
 local algorithms = {}
+
+-- keep_ttl tells whether SET takes KEEPTTL (Redis 6.0; REDIS_VERSION_NUM
+-- itself is 7.0's).
+local keep_ttl = (redis.REDIS_VERSION_NUM or 0) >= 0x060000
+
+-- same_window tells whether the stored state prev and the state s that
+-- replaces it count hits of the same window t, and so expire together: the
+-- TTL of the window algorithms runs to a point their window fixes.
+local function same_window(prev, s)
+  return prev.c > 0 and prev.t == s.t
+end
 
 -- string_state returns decode and store for a state kept as a Redis
 -- string of space-separated integers, one per field (at most four):
 --   decode(v) -> state          the state of the string v; a missing key
 --                               (v false or nil) decodes as all zeros, the
 --                               zero algo.State
---   store(key, s, now, l, ttl_ms) saves s under key
+--   store(key, s, now, l, ttl_ms, prev) saves s under key
 -- The driver reads every key of a call with one MGET and hands decode the
 -- values; one redis.call per key is the larger part of a decision's cost.
-local function string_state(fields)
+-- With same_expiry(prev, s) true, the key already expires when s would,
+-- and store keeps its TTL: a SET without an expiry to set and propagate
+-- costs Redis about 0.9 us less.
+local function string_state(fields, same_expiry)
   local nf = #fields
   local f1, f2, f3, f4 = fields[1], fields[2], fields[3], fields[4]
   local pattern = '^' .. string.rep('(%-?%d+) ', nf - 1) .. '(%-?%d+)$'
@@ -167,8 +182,13 @@ local function string_state(fields)
     end
     return s
   end
-  local function store(key, s, now, l, ttl_ms)
-    redis.call('SET', key, format(layout, s[f1], s[f2], s[f3], s[f4]), 'PX', fmt(ttl_ms))
+  local function store(key, s, now, l, ttl_ms, prev)
+    local v = format(layout, s[f1], s[f2], s[f3], s[f4])
+    if keep_ttl and same_expiry and same_expiry(prev, s) then
+      redis.call('SET', key, v, 'KEEPTTL')
+    else
+      redis.call('SET', key, v, 'PX', fmt(ttl_ms))
+    end
   end
   return decode, store
 end

@@ -84,12 +84,12 @@ local function load(j, l)
   return s
 end
 
--- save stores the admitted state s of KEYS[j] with the reset-after of the
--- request that left it.
-local function save(j, l, s, reset)
+-- save stores the admitted state s of KEYS[j], whose state was prev, with
+-- the reset-after of the request that left it.
+local function save(j, l, s, reset, prev)
   local key, alg = keys[j], l.alg
   if reset > 0 then
-    alg.store(key, s, now, l, max(ceil(reset / 1000), min_ttl))
+    alg.store(key, s, now, l, max(ceil(reset / 1000), min_ttl), prev)
   else
     redis.call('DEL', key) -- a state that frees up at once is no state
   end
@@ -112,7 +112,7 @@ local function decide_one(argv, k, a, reply)
   local o = #reply
   if allowed then
     if hits > 0 and flags ~= '2' and flags ~= '3' then
-      save(k, l, next, reset)
+      save(k, l, next, reset, s)
     end
     reply[o + 1] = 1
   elseif flags == '1' or flags == '3' then
@@ -171,7 +171,7 @@ local function decide_batch(argv, k, count, a, reply)
       local r = reqs[i]
       local key = keys[k + i - 1]
       if r[5] and r[2] > 0 and not r[3] and current[key] ~= false then
-        save(k + i - 1, r[1], r[5], r[6])
+        save(k + i - 1, r[1], r[5], r[6], r[4])
         current[key] = false
       end
     end

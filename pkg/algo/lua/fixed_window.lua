@@ -2,7 +2,7 @@
 -- State (a string "t c"): t is the start of the counted window, c the hits
 -- admitted in it. Windows are aligned to the Unix epoch.
 do
-  local decode, store = string_state({'t', 'c'})
+  local decode, store = string_state({'t', 'c'}, same_window)
   algorithms.fixed_window = {decode = decode, store = store, step = function(s, now, l, hits)
     local w, n = l.w, l.n
     local start = now - floor_mod(now, w)

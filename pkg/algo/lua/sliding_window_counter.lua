@@ -27,7 +27,7 @@ do
     return e
   end
 
-  local decode, store = string_state({'t', 'c', 'p'})
+  local decode, store = string_state({'t', 'c', 'p'}, same_window)
   algorithms.sliding_window_counter = {decode = decode, store = store, step = function(s, now, l, hits)
     local w, n = l.w, l.n
     local start = now - floor_mod(now, w)

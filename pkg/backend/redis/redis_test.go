@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,66 @@ func randomLimit(rng *rand.Rand, a algo.Algorithm) algo.Limit {
 		l.Burst = 1 + rng.Uint64N(3*l.Requests+1)
 	}
 	return l
+}
+
+// TestWindowKeysExpireAtTheirWindowsEnd checks, on the Redis clock, that
+// the window algorithms' keys expire when their window's count frees up
+// however many decisions the window saw, and whatever TTL the state of an
+// earlier window had: the first write of a window sets the TTL, later
+// writes in it keep it (SET KEEPTTL, Redis 6 and later).
+// The window is read from the stored state ("t c …", t in µs), so nothing
+// here depends on how long the calls take.
+func TestWindowKeysExpireAtTheirWindowsEnd(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	if err := c.Do(ctx, "PEXPIRETIME", "none").Err(); err != nil {
+		t.Skipf("this Redis has no PEXPIRETIME (Redis 7): %v", err)
+	}
+	b := New(c, Options{Prefix: "win:"})
+	const w = time.Minute
+	for _, tc := range []struct {
+		a     algo.Algorithm
+		spans int64 // windows from t to the end of the key's state
+	}{
+		{algo.FixedWindow, 1},
+		{algo.BurstFill, 1},
+		{algo.SlidingWindowCounter, 2},
+	} {
+		key := "win:" + tc.a.String()
+		l := algo.Limit{Algorithm: tc.a, Requests: 100, Window: w}
+		// A state of a window long past, with a TTL far from any window's
+		// end: the first decision starts a new window, and a new TTL.
+		now, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stale := fmt.Sprintf("%d 5", now.Add(-3*w).UnixMicro())
+		if err := c.Set(ctx, key, stale, 2*time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 4 {
+			out := make([]algo.Decision, 1)
+			if err := b.Decide(ctx, []algo.Request{{Key: []byte(tc.a.String()), Limit: l, Hits: 1}}, out); err != nil {
+				t.Fatal(err)
+			}
+			v, err := c.Get(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			start, err := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			if err != nil {
+				t.Fatalf("%v: state %q: %v", tc.a, v, err)
+			}
+			expireMs, err := c.Do(ctx, "PEXPIRETIME", key).Int64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			end := start + tc.spans*w.Microseconds()
+			if d := expireMs*1000 - end; d < -1000 || d > 1000 {
+				t.Errorf("%v, decision %d: the key expires %d µs from its window's end (state %q, expiry %d ms); want within 1 ms", tc.a, i+1, d, v, expireMs)
+			}
+		}
+	}
 }
 
 // TestKeysExpireWithTheirState checks, on the Redis clock, that every
