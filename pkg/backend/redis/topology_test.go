@@ -434,8 +434,10 @@ func TestRedactURL(t *testing.T) {
 }
 
 // BenchmarkDecide measures a decision on a real redis-server on loopback:
-// one request, and a batch of three, each one EVALSHA round trip; serial
-// (latency) and from parallel goroutines (throughput of one client).
+// one request, and a batch of three, each one call of the decision; serial
+// (latency) and from parallel goroutines (throughput of one client), the
+// latter also from 25 goroutines per core through 4 coalescing workers, as
+// ratelimitd runs by default.
 func BenchmarkDecide(b *testing.B) {
 	srv := redistest.Start(b)
 	ctx := context.Background()
@@ -444,6 +446,11 @@ func BenchmarkDecide(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer be.Close()
+	co, err := Dial(ctx, Config{URL: srv.URL}, Options{Prefix: "bench:", Coalesce: 4})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer co.Close()
 	l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 1 << 20, Window: time.Hour}
 	for _, n := range []int{1, 3} {
 		batch := make([]algo.Request, n)
@@ -465,6 +472,19 @@ func BenchmarkDecide(b *testing.B) {
 				out := make([]algo.Decision, n)
 				for pb.Next() {
 					if err := be.Decide(ctx, batch, out); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+		b.Run(fmt.Sprintf("batch=%d/coalesce=4/parallel", n), func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(25) // 50 callers on 2 cores, as make loadtest
+			b.RunParallel(func(pb *testing.PB) {
+				out := make([]algo.Decision, n)
+				for pb.Next() {
+					if err := co.Decide(ctx, batch, out); err != nil {
 						b.Error(err)
 						return
 					}
