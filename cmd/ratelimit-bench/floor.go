@@ -22,8 +22,8 @@ const floorStreamWorkers = 64
 
 // floorMain runs `ratelimit-bench floor-server`: Envoy's RLS served by
 // grpc-go as ratelimitd serves it, answering every call OK at once. What
-// it costs per call is what any server built on grpc-go costs at least on
-// this machine: the floor under ratelimitd's own figures.
+// it costs per call is what serving a call costs ratelimitd before it
+// decides anything: the floor under ratelimitd's own figures.
 func floorMain(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ratelimit-bench floor-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)

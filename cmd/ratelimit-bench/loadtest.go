@@ -287,8 +287,8 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 
 // floors measures what this machine costs before ratelimitd decides
 // anything: a grpc-go server answering at once, loaded as ratelimitd is,
-// and a round trip to Redis. Each figure of ratelimitd's rows is at least
-// its floor's, plus a Redis round trip where it decides with Redis.
+// and a round trip to Redis. ratelimitd's rows read against them: deciding
+// only adds to the first, and deciding with Redis to the second as well.
 func (lt *loadtest) floors(ctx context.Context, redisAddr string, redisPID int) ([]scenario, error) {
 	c := lt.cfg
 	var rows []scenario
@@ -537,7 +537,7 @@ func (lt *loadtest) redisBenchmark(ctx context.Context, rdb *goredis.Client, add
 // ratelimitd makes with Redis pays once.
 func (lt *loadtest) redisRoundTrip(ctx context.Context, addr string, redisPID int) (scenario, error) {
 	host, port, _ := net.SplitHostPort(addr)
-	row, err := lt.measureRedisBenchmark(ctx, "redis-benchmark: PING, 1 client", redisPID, func(n int) []string {
+	row, err := lt.measureRedisBenchmark(ctx, "floor: redis-benchmark: PING, 1 client", redisPID, func(n int) []string {
 		return []string{"-h", host, "-p", port, "-c", "1", "-n", strconv.Itoa(n), "--csv", "ping"}
 	})
 	if err != nil {
