@@ -217,18 +217,7 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 			onRedis = "Redis (" + how
 		}
 	}
-	type generatorRun struct {
-		name           string
-		domain         string
-		workers, conns int
-		rate           float64
-		file           string
-	}
-	generator := []generatorRun{
-		{fmt.Sprintf("ratelimitd, %s: %d callers, closed loop", onRedis, c.Workers), c.Domain, c.Workers, c.Conns, 0, "redis-closed-%d"},
-		{fmt.Sprintf("ratelimitd, %s: 1 caller, closed loop", onRedis), c.Domain, 1, 1, 0, "redis-closed-1"},
-		{fmt.Sprintf("ratelimitd, %s: open loop at %s/s (%d workers)", onRedis, num(c.Rate), c.Workers), c.Domain, c.Workers, c.Conns, c.Rate, "redis-open"},
-	}
+	generator := lt.standardRuns("ratelimitd, "+onRedis, "redis")
 	if c.AlsoDomain != "" {
 		generator = append(generator, generatorRun{fmt.Sprintf("ratelimitd, %s: %d callers, closed loop, domain %s", onRedis, c.Workers, c.AlsoDomain), c.AlsoDomain, c.Workers, c.Conns, 0, "redis-closed-%d-" + c.AlsoDomain})
 	}
@@ -290,24 +279,14 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 // and a round trip to Redis. ratelimitd's rows read against them: deciding
 // only adds to the first, and deciding with Redis to the second as well.
 func (lt *loadtest) floors(ctx context.Context, redisAddr string, redisPID int) ([]scenario, error) {
-	c := lt.cfg
 	var rows []scenario
 	fl, addr, err := lt.startFloor(ctx)
 	if err != nil {
 		return nil, err
 	}
 	procs := []proc{{"floor-server", fl.pid()}}
-	for _, g := range []struct {
-		name           string
-		workers, conns int
-		rate           float64
-		file           string
-	}{
-		{fmt.Sprintf("floor: grpc-go answering at once: %d callers, closed loop", c.Workers), c.Workers, c.Conns, 0, "floor-closed-%d"},
-		{"floor: grpc-go answering at once: 1 caller, closed loop", 1, 1, 0, "floor-closed-1"},
-		{fmt.Sprintf("floor: grpc-go answering at once: open loop at %s/s (%d workers)", num(c.Rate), c.Workers), c.Workers, c.Conns, c.Rate, "floor-open"},
-	} {
-		row, err := lt.generate(ctx, g.name, g.file, addr, c.Domain, g.workers, g.conns, g.rate, procs)
+	for _, g := range lt.standardRuns("floor: grpc-go answering at once", "floor") {
+		row, err := lt.generate(ctx, g.name, g.file, addr, g.domain, g.workers, g.conns, g.rate, procs)
 		if err != nil {
 			return nil, err
 		}
@@ -319,6 +298,29 @@ func (lt *loadtest) floors(ctx context.Context, redisAddr string, redisPID int) 
 		return nil, err
 	}
 	return append(rows, row), nil
+}
+
+// generatorRun is one scenario of the generator: its row's name, what it
+// asks, its callers, and the base name of its JSON report ("%d" for the
+// callers).
+type generatorRun struct {
+	name           string
+	domain         string
+	workers, conns int
+	rate           float64
+	file           string
+}
+
+// standardRuns returns the scenarios every server of the load test is
+// measured with, named after label, their reports after file: Workers
+// callers, 1 caller, and the open loop at Rate.
+func (lt *loadtest) standardRuns(label, file string) []generatorRun {
+	c := lt.cfg
+	return []generatorRun{
+		{fmt.Sprintf("%s: %d callers, closed loop", label, c.Workers), c.Domain, c.Workers, c.Conns, 0, file + "-closed-%d"},
+		{label + ": 1 caller, closed loop", c.Domain, 1, 1, 0, file + "-closed-1"},
+		{fmt.Sprintf("%s: open loop at %s/s (%d workers)", label, num(c.Rate), c.Workers), c.Domain, c.Workers, c.Conns, c.Rate, file + "-open"},
+	}
 }
 
 // generate runs the generator against addr and makes a row of its report.
