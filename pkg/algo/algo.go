@@ -42,6 +42,56 @@ type Request struct {
 	// nothing. (A later request of the batch for the same key still sees
 	// its hits, as it would a request's that is stored.)
 	Peek bool
+	// Leased marks a request of a limit with consistency: leased, which a
+	// lease engine in front of the backend may decide in process from
+	// budget it leased earlier (package lease). A backend that holds the
+	// state itself decides it like any other request.
+	Leased bool
+	// Op is what the request does to its key's state; the zero value
+	// decides Hits. A take or a give reads its arguments from Lease.
+	Op    Op
+	Lease Lease
+}
+
+// Op is what a [Request] does to its key's state.
+type Op uint8
+
+const (
+	// OpDecide decides the request's hits: [Step].
+	OpDecide Op = iota
+	// OpTake decides the request's hits like OpDecide and, when the batch
+	// is admitted, also takes a lease: Taken hits in all are counted
+	// against the limit at once, where
+	//
+	//	Taken = max(Hits, min(Lease.Max, available / Lease.Share))
+	//
+	// and available is what the limit admitted before the request. The
+	// Hits are spent at once; the rest is the lease, which the caller may
+	// spend for Valid. See [Decision.Taken]. Only the leasable algorithms
+	// ([Algorithm.Leasable]) take more than Hits; a take of another
+	// algorithm, a Peek, or a Lease.TTL of zero decides as OpDecide.
+	OpTake
+	// OpGive gives back Hits hits of a lease that were not spent:
+	// Lease.Mark names the lease by its [Decision.Mark]. Hits of a window
+	// that has ended, or of a bucket lease past its TTL, are gone and give
+	// nothing back. A give is always allowed, and is stored when its batch
+	// is admitted; it reports the state it leaves.
+	OpGive
+)
+
+// Lease holds the arguments of an [OpTake] or an [OpGive].
+type Lease struct {
+	// Max is the most hits a take takes in all; at least Hits are taken.
+	Max uint64
+	// Share caps what a take takes beyond Hits to available / Share, so
+	// that one lease never holds more than a share of what remains; 0 is 1.
+	Share uint64
+	// TTL is the longest a take's lease may be spent. For the bucket
+	// algorithms it is also how long the store counts the lease as
+	// outstanding (see [TokenBucket]).
+	TTL time.Duration
+	// Mark names, for a give, the lease its hits come from.
+	Mark int64
 }
 
 // Decision is the answer to one [Request].
@@ -60,6 +110,16 @@ type Decision struct {
 	// Wait is, for an allowed LeakyBucket request, how long its hits wait
 	// for the queue ahead of them to drain. Zero for every other algorithm.
 	Wait time.Duration
+	// Taken, Mark and Valid describe what an allowed [OpTake] of an
+	// admitted batch took: Taken hits in all, the request's Hits among
+	// them. When it took more than Hits, the rest is a lease: Mark names it
+	// for [OpGive] (the start of the window it counts in or, for a bucket,
+	// the instant the store stops counting it as outstanding; µs since the
+	// Unix epoch on the store's clock) and Valid is how long, from the
+	// store's now, it may be spent. All zero for other requests.
+	Taken uint64
+	Mark  int64
+	Valid time.Duration
 }
 
 // State is what an algorithm stores for one key between decisions. The zero
@@ -79,7 +139,9 @@ type State struct {
 	Frac int64
 	// Prev is the previous window's count, for SlidingWindowCounter.
 	Prev int64
-	// Log holds timestamps, oldest first, for SlidingWindowLog.
+	// Log holds timestamps, oldest first, for SlidingWindowLog. For
+	// TokenBucket and GCRA it holds the leases outstanding ([OpTake]) as
+	// pairs: the instant the lease ends, then its hits; ordered by instant.
 	Log []int64
 }
 

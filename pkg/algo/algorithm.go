@@ -153,6 +153,19 @@ func (a Algorithm) UsesBurst() bool {
 	return false
 }
 
+// Leasable reports whether a's budget is fungible, so that a slice of it
+// can be leased out and spent elsewhere without admitting more than the
+// limit: FixedWindow, SlidingWindowCounter, TokenBucket and GCRA. The
+// others tie each hit to its instant (SlidingWindowLog, LeakyBucket's
+// queue position) or start their window at a request (BurstFill).
+func (a Algorithm) Leasable() bool {
+	switch a {
+	case FixedWindow, SlidingWindowCounter, TokenBucket, GCRA:
+		return true
+	}
+	return false
+}
+
 // Check reports whether l is within the bounds its algorithm computes
 // exactly. [Step] refuses every hit of a limit that fails Check; rule
 // validation keeps such limits out of the rules.

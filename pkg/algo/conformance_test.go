@@ -10,7 +10,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 )
 
-// stepper applies algo.Step to states it keeps per key: the Go step
+// stepper applies algo.Apply to states it keeps per key: the Go step
 // functions on their own, one request at a time.
 type stepper struct{ states map[string]algo.State }
 
@@ -20,7 +20,7 @@ func (s *stepper) Decide(_ context.Context, now time.Time, reqs []algo.Request, 
 	}
 	r := reqs[0]
 	st := s.states[string(r.Key)]
-	d := algo.Step(&st, now, r.Limit, r.Hits)
+	d := algo.Apply(&st, now, &r)
 	s.states[string(r.Key)] = st
 	out[0] = d
 	return nil

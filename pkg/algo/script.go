@@ -100,9 +100,33 @@ func AppendRequestArgs(dst []any, reqs []Request) []any {
 		if r.Peek {
 			f |= 2
 		}
-		dst = append(dst, limitArg(r.Limit), strconv.FormatUint(r.Hits, 10), "0123"[f:f+1])
+		dst = append(dst, limitArg(r.Limit), strconv.FormatUint(r.Hits, 10), flagsArg(r, f))
 	}
 	return dst
+}
+
+// flagsArg formats a request's flags argument: the digit f of its shadow
+// and peek flags, then for a take " t MAX SHARE TTL_US" and for a give
+// " g MARK". A take the script would decide as a plain request (see
+// [Apply]) is sent as one.
+func flagsArg(r *Request, f int) string {
+	digit := "0123"[f : f+1]
+	leasable := r.Limit.Algorithm.Leasable()
+	switch {
+	case r.Op == OpTake && leasable && !r.Peek && r.Lease.TTL > 0:
+		var buf [80]byte
+		b := append(buf[:0], digit...)
+		b = append(b, " t "...)
+		b = strconv.AppendUint(b, r.Lease.Max, 10)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, max(r.Lease.Share, 1), 10)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, max(r.Lease.TTL.Microseconds(), 1), 10)
+		return string(b)
+	case r.Op == OpGive:
+		return digit + " g " + strconv.FormatInt(r.Lease.Mark, 10)
+	}
+	return digit
 }
 
 // limitArg formats l as the script's limit argument: "algorithm N W B",
@@ -151,11 +175,14 @@ func AppendBatchesHeader(dst []any, now time.Time, minTTL time.Duration, n int) 
 // long as its batch.
 func ParseBatchesReply(reply []any, outs [][]Decision) error {
 	for i, out := range outs {
-		n := 1 + 5*len(out)
+		n, err := replyLen(reply, len(out))
+		if err != nil {
+			return fmt.Errorf("batch %d: %w", i, err)
+		}
 		if len(reply) < n {
 			return fmt.Errorf("decision script replied %d values for batch %d of %d requests", len(reply), i, len(out))
 		}
-		if _, err := ParseScriptReply(reply[:n], out); err != nil {
+		if _, err := parseReply(reply[:n], out); err != nil {
 			return err
 		}
 		reply = reply[n:]
@@ -169,9 +196,31 @@ func ParseBatchesReply(reply []any, outs [][]Decision) error {
 // ParseScriptReply reads the script's reply, an array of integers, into
 // out and reports whether the batch was admitted.
 func ParseScriptReply(reply []any, out []Decision) (admitted bool, err error) {
-	if len(reply) != 1+5*len(out) {
+	n, err := replyLen(reply, len(out))
+	if err != nil {
+		return false, err
+	}
+	if len(reply) != n {
 		return false, fmt.Errorf("decision script replied %d values for %d requests", len(reply), len(out))
 	}
+	return parseReply(reply, out)
+}
+
+// replyLen returns the length of the reply of a batch of n requests that
+// opens reply: 1 + 5n values, then k, then 4 per take of those k.
+func replyLen(reply []any, n int) (int, error) {
+	if len(reply) < 2+5*n {
+		return 0, fmt.Errorf("decision script replied %d values for %d requests", len(reply), n)
+	}
+	k, ok := reply[1+5*n].(int64)
+	if !ok || k < 0 || k > int64(n) {
+		return 0, fmt.Errorf("decision script replied %v takes for %d requests", reply[1+5*n], n)
+	}
+	return 2 + 5*n + 4*int(k), nil
+}
+
+// parseReply reads the reply of one batch, whose length replyLen checked.
+func parseReply(reply []any, out []Decision) (admitted bool, err error) {
 	var v [5]int64
 	for i := range out {
 		for j := range v {
@@ -193,6 +242,22 @@ func ParseScriptReply(reply []any, out []Decision) (admitted bool, err error) {
 			d.RetryAfter = Never
 		}
 		out[i] = d
+	}
+	takes := reply[2+5*len(out):]
+	for j := 0; j+4 <= len(takes); j += 4 {
+		var v [4]int64
+		for x := range v {
+			n, ok := takes[j+x].(int64)
+			if !ok {
+				return false, fmt.Errorf("decision script replied %T in a take, want an integer", takes[j+x])
+			}
+			v[x] = n
+		}
+		if v[0] < 0 || v[0] >= int64(len(out)) {
+			return false, fmt.Errorf("decision script replied a take of request %d of %d", v[0], len(out))
+		}
+		d := &out[v[0]]
+		d.Taken, d.Mark, d.Valid = uint64(v[1]), v[2], micros(v[3])
 	}
 	return reply[0] == int64(1), nil
 }

@@ -36,6 +36,21 @@ type Step struct {
 	Want algo.Decision
 }
 
+// LeaseStep is a Step that may take or give back a lease (see
+// [algo.OpTake]): Op with the arguments in Lease.
+type LeaseStep struct {
+	Step
+	Op    algo.Op
+	Lease algo.Lease
+}
+
+// LeaseCase is a vector of lease steps on one fresh key.
+type LeaseCase struct {
+	Name  string
+	Limit algo.Limit
+	Steps []LeaseStep
+}
+
 // Case is one vector: a limit and the steps applied to one fresh key.
 type Case struct {
 	Name  string
@@ -43,23 +58,31 @@ type Case struct {
 	Steps []Step
 }
 
-// Run runs every case of [Cases] against a fresh subject from newSubject,
-// each case on its own key, one request at a time.
+// Run runs every case of [Cases] and [LeaseCases] against a fresh subject
+// from newSubject, each case on its own key, one request at a time.
 func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 	t.Helper()
+	var cs []LeaseCase
 	for _, c := range Cases() {
+		steps := make([]LeaseStep, len(c.Steps))
+		for i, st := range c.Steps {
+			steps[i].Step = st
+		}
+		cs = append(cs, LeaseCase{c.Name, c.Limit, steps})
+	}
+	for _, c := range append(cs, LeaseCases()...) {
 		t.Run(c.Limit.Algorithm.String()+"/"+c.Name, func(t *testing.T) {
 			s := newSubject(t)
 			key := []byte(fmt.Sprintf("algotest|%s|%s", c.Limit.Algorithm, c.Name))
 			reqs := []algo.Request{{Key: key, Limit: c.Limit}}
 			out := make([]algo.Decision, 1)
 			for i, st := range c.Steps {
-				reqs[0].Hits = st.Hits
+				reqs[0].Hits, reqs[0].Op, reqs[0].Lease = st.Hits, st.Op, st.Lease
 				if err := s.Decide(context.Background(), Epoch.Add(st.At), reqs, out); err != nil {
-					t.Fatalf("step %d (at %v, hits %d): %v", i, st.At, st.Hits, err)
+					t.Fatalf("step %d (at %v, hits %d, op %d): %v", i, st.At, st.Hits, st.Op, err)
 				}
 				if out[0] != st.Want {
-					t.Fatalf("step %d (at %v, hits %d):\n got %s\nwant %s", i, st.At, st.Hits, Format(out[0]), Format(st.Want))
+					t.Fatalf("step %d (at %v, hits %d, op %d):\n got %s\nwant %s", i, st.At, st.Hits, st.Op, Format(out[0]), Format(st.Want))
 				}
 			}
 		})
@@ -103,7 +126,11 @@ func Format(d algo.Decision) string {
 	if d.RetryAfter == algo.Never {
 		retry = "never"
 	}
-	return fmt.Sprintf("{allowed %v, remaining %d, reset %v, retry %s, wait %v}", d.Allowed, d.Remaining, d.ResetAfter, retry, d.Wait)
+	if d.Taken == 0 && d.Mark == 0 && d.Valid == 0 {
+		return fmt.Sprintf("{allowed %v, remaining %d, reset %v, retry %s, wait %v}", d.Allowed, d.Remaining, d.ResetAfter, retry, d.Wait)
+	}
+	return fmt.Sprintf("{allowed %v, remaining %d, reset %v, retry %s, wait %v, taken %d, mark %d, valid %v}",
+		d.Allowed, d.Remaining, d.ResetAfter, retry, d.Wait, d.Taken, d.Mark, d.Valid)
 }
 
 // BatchCase is a vector of batches: several requests decided together, as

@@ -192,3 +192,154 @@ local function string_state(fields, same_expiry)
   end
   return decode, store
 end
+
+-- Leases outstanding on a bucket (algo's leases): a flat list of pairs
+-- {end1, hits1, end2, hits2, ...}, ordered by end; nil or {} when none.
+-- Like the Go twins, the functions below return new lists and never
+-- change the one they are given.
+
+-- lease_hits returns the hits of every lease of h.
+local function lease_hits(h)
+  local n = 0
+  if h then
+    for i = 2, #h, 2 do
+      n = n + h[i]
+    end
+  end
+  return n
+end
+
+-- live_leases returns the leases of h that end after now.
+local function live_leases(h, now)
+  if h == nil then
+    return nil
+  end
+  local i = 1
+  while i <= #h and h[i] <= now do
+    i = i + 2
+  end
+  if i == 1 then
+    return h
+  end
+  local out = {}
+  for j = i, #h do
+    out[#out + 1] = h[j]
+  end
+  return out
+end
+
+-- lease_with returns h with n more hits in the lease ending at e.
+local function lease_with(h, e, n)
+  local out, i = {}, 1
+  h = h or {}
+  while i <= #h and h[i] < e do
+    out[#out + 1], out[#out + 2] = h[i], h[i + 1]
+    i = i + 2
+  end
+  if i <= #h and h[i] == e then
+    out[#out + 1], out[#out + 2] = e, h[i + 1] + n
+    i = i + 2
+  else
+    out[#out + 1], out[#out + 2] = e, n
+  end
+  for j = i, #h do
+    out[#out + 1] = h[j]
+  end
+  return out
+end
+
+-- lease_without returns h with up to n hits taken out of the lease ending
+-- at mark, and the hits taken out: none when no lease ends at mark.
+local function lease_without(h, mark, n)
+  if h == nil then
+    return h, 0
+  end
+  for i = 1, #h, 2 do
+    if h[i] == mark then
+      local k = min(n, h[i + 1])
+      local out = {}
+      for j = 1, i - 1 do
+        out[#out + 1] = h[j]
+      end
+      if h[i + 1] > k then
+        out[#out + 1], out[#out + 2] = mark, h[i + 1] - k
+      end
+      for j = i + 2, #h do
+        out[#out + 1] = h[j]
+      end
+      return out, k
+    end
+  end
+  return h, 0
+end
+
+-- lease_fit_after returns the first lease end after which the leases of h
+-- still outstanding hold at most room hits, or 0 when they already do.
+local function lease_fit_after(h, room)
+  local out = lease_hits(h)
+  local i = 1
+  while i <= #h and out > room do
+    out = out - h[i + 1]
+    if out <= room then
+      return h[i]
+    end
+    i = i + 2
+  end
+  return 0
+end
+
+-- lease_size is what a take of hits takes when avail hits remain:
+-- max(hits, min(most, floor(avail / share))).
+local function lease_size(hits, avail, most, share)
+  local q = divmod(avail, max(share, 1))
+  return max(hits, min(most, q))
+end
+
+-- bucket_state returns decode and store for a bucket's state: a string of
+-- the integer fields, then the leases outstanding, as a flat list of
+-- integers "f1 f2 ... end1 hits1 end2 hits2 ...". decode returns the
+-- fields of a table whose h holds the leases (nil when none); a missing
+-- key decodes as zeros. It is string_state's layout when no lease is
+-- outstanding, so a bucket never leased keeps its string.
+local function bucket_state(fields)
+  local nf = #fields
+  local plain_decode = string_state(fields)
+  local match, gmatch, format, concat = string.match, string.gmatch, string.format, table.concat
+  local plain = '^' .. string.rep('%-?%d+ ', nf - 1) .. '%-?%d+$'
+  local layout = string.rep('%d ', nf - 1) .. '%d'
+  local function decode(v)
+    if not v or match(v, plain) then
+      return plain_decode(v)
+    end
+    local s, h, i = {}, nil, 1
+    for _, f in ipairs(fields) do
+      s[f] = 0
+    end
+    for x in gmatch(v, '%-?%d+') do
+      if i <= nf then
+        s[fields[i]] = tonumber(x)
+      else
+        h = h or {}
+        h[#h + 1] = tonumber(x)
+      end
+      i = i + 1
+    end
+    if h and #h % 2 == 1 then
+      h[#h] = nil
+    end
+    s.h = h
+    return s
+  end
+  local function store(key, s, now, l, ttl_ms, prev)
+    local v = format(layout, s[fields[1]], s[fields[2]], s[fields[3]])
+    if s.h and #s.h > 0 then
+      local parts = {v}
+      for i = 1, #s.h do
+        parts[#parts + 1] = fmt(s.h[i])
+      end
+      v = concat(parts, ' ')
+    end
+    redis.call('SET', key, v, 'PX', fmt(ttl_ms))
+  end
+  return decode, store
+end

@@ -10,11 +10,14 @@
 -- ARGV[3 + 3*(i-1) ...]  request i: its limit "algorithm N W B" (W in us,
 --          >= 1; B the bucket capacity, N when the rule sets none), hits,
 --          and flags: "0", "1" shadow, "2" peek (decided, never stored),
---          "3" both.
+--          "3" both; followed, for a lease (algo.OpTake, algo.OpGive), by
+--          " t MAX SHARE TTL_US" or " g MARK", as in "0 t 500 8 2000000".
 --
 -- Returns {admitted, then for each request: allowed, remaining, reset_us,
--- retry_us, wait_us}, all integers: admitted and allowed are 1 or 0,
--- retry_us is -1 for never.
+-- retry_us, wait_us, then k, then k times: index, taken, mark, valid_us},
+-- all integers: admitted and allowed are 1 or 0, retry_us is -1 for never,
+-- and the k quadruples describe the takes of an admitted batch that took
+-- something, by their index (from 0) in the batch.
 --
 -- The batch is admitted when every request is allowed but shadow ones;
 -- then every allowed request but peek ones is stored, with a TTL of its reset-after
@@ -98,6 +101,57 @@ local function save(j, l, s, reset, prev)
   end
 end
 
+-- parse_flags reads a request's flags: it returns the flag digit, then
+-- the lease op ('t' or 'g', nil for none) and its integer arguments.
+local function parse_flags(flags)
+  if #flags == 1 then
+    return flags
+  end
+  local f, o, rest = string.match(flags, '^(%d) ([tg]) (.*)$')
+  if o == 't' then
+    local most, share, ttl = string.match(rest, '^(%d+) (%d+) (%d+)$')
+    return f, o, tonumber(most), tonumber(share), tonumber(ttl)
+  elseif o == 'g' then
+    return f, o, tonumber(string.match(rest, '^(%-?%d+)$'))
+  end
+  return flags
+end
+
+-- leases tells whether limit l's algorithm leases (algo.Leasable).
+local function leases(l)
+  return l.alg.op ~= nil or l.alg.give ~= nil
+end
+
+-- apply applies a request of limit l to the state s (algo.Apply): it
+-- returns next, allowed, remaining, reset_us, retry_us, wait_us, taken,
+-- mark, valid_us. A give of an algorithm that never leases changes
+-- nothing, and is not stored.
+local function apply(l, s, hits, o, x, y, z)
+  local alg = l.alg
+  if o ~= nil and alg.op then
+    return alg.op(s, now, l, hits, o, x, y, z, x)
+  end
+  if o == 'g' then
+    if alg.give then
+      local next, remaining, reset = alg.give(s, now, l, hits, x)
+      return next, true, remaining, reset, 0, 0, 0, 0, 0
+    end
+    local _, _, remaining, reset = alg.step(s, now, l, 0)
+    return s, true, remaining, reset, 0, 0, 0, 0, 0
+  end
+  local next, allowed, remaining, reset, retry, wait = alg.step(s, now, l, hits)
+  if o ~= 't' or not alg.windowed or not allowed then
+    return next, allowed, remaining, reset, retry, wait, 0, 0, 0
+  end
+  -- A take of a window: the hits, and a lease of what remains.
+  local taken, mark, valid = lease_size(hits, remaining + hits, x, y), 0, 0
+  if taken > hits then
+    next, allowed, remaining, reset, retry, wait = alg.step(s, now, l, taken)
+    mark, valid = next.t, min(z, next.t + l.w - now)
+  end
+  return next, allowed, remaining, reset, retry, wait, taken, mark, valid
+end
+
 -- decide_one decides a batch of one request, KEYS[k] with its arguments at
 -- ARGV[a], appending its reply to reply; it returns an error message or
 -- nil. It is decide_batch for count 1, without the tables.
@@ -107,36 +161,46 @@ local function decide_one(argv, k, a, reply)
     return err
   end
   local hits, flags = tonumber(argv[a + 1]), argv[a + 2]
+  local o, x, y, z
+  if #flags > 1 then
+    flags, o, x, y, z = parse_flags(flags)
+  end
   local s = load(k, l)
-  local next, allowed, remaining, reset, retry, wait = l.alg.step(s, now, l, hits)
-  local o = #reply
+  local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, s, hits, o, x, y, z)
+  local n = #reply
   if allowed then
-    if hits > 0 and flags ~= '2' and flags ~= '3' then
+    if (hits > 0 or taken > 0) and flags ~= '2' and flags ~= '3' and not (o == 'g' and not leases(l)) then
       save(k, l, next, reset, s)
     end
-    reply[o + 1] = 1
+    reply[n + 1] = 1
   elseif flags == '1' or flags == '3' then
-    reply[o + 1] = 1 -- a shadow refusal refuses nothing
+    reply[n + 1] = 1 -- a shadow refusal refuses nothing
   else
-    reply[o + 1] = 0
+    reply[n + 1] = 0
     local _
     _, _, remaining, reset = l.alg.step(s, now, l, 0)
     wait = 0
   end
-  reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5], reply[o + 6] = allowed and 1 or 0, remaining, reset, retry, wait
+  reply[n + 2], reply[n + 3], reply[n + 4], reply[n + 5], reply[n + 6] = allowed and 1 or 0, remaining, reset, retry, wait
+  if taken > 0 and allowed then
+    reply[n + 7], reply[n + 8], reply[n + 9], reply[n + 10], reply[n + 11] = 1, 0, taken, mark, valid
+  else
+    reply[n + 7] = 0
+  end
 end
 
 -- decide_batch decides the batch of count requests whose first key is
 -- KEYS[k] and whose first argument is ARGV[a], and appends its reply to
--- reply: admitted, then five integers per request. It returns an error
--- message, or nil.
+-- reply: admitted, then five integers per request, then its takes. It
+-- returns an error message, or nil.
 local function decide_batch(argv, k, count, a, reply)
   if count == 1 then
     return decide_one(argv, k, a, reply)
   end
-  -- reqs[i]: {l, hits, peek, the key's state at the batch's start, the
-  -- next state when allowed, reset}; start and current: each key's state
-  -- at the batch's start and after the requests decided so far.
+  -- reqs[i]: {l, whether it stores, the key's state at the batch's start,
+  -- the next state when allowed, reset, taken, mark, valid}; start and
+  -- current: each key's state at the batch's start and after the requests
+  -- decided so far.
   local reqs, start, current = {}, {}, {}
   local o = #reply
   reply[o + 1] = 1
@@ -147,16 +211,22 @@ local function decide_batch(argv, k, count, a, reply)
       return err
     end
     local hits, flags = tonumber(argv[ai + 1]), argv[ai + 2]
+    local op, x, y, z
+    if #flags > 1 then
+      flags, op, x, y, z = parse_flags(flags)
+    end
     local key = keys[j]
     if start[key] == nil then
       start[key] = load(j, l)
       current[key] = start[key]
     end
-    local next, allowed, remaining, reset, retry, wait = l.alg.step(current[key], now, l, hits)
-    local r = {l, hits, flags == '2' or flags == '3', start[key], nil, reset}
+    local cur = current[key]
+    local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, cur, hits, op, x, y, z)
+    local peek = flags == '2' or flags == '3'
+    local r = {l, allowed and (hits > 0 or taken > 0) and not peek and not (op == 'g' and not leases(l)), start[key], nil, reset, taken, mark, valid}
     if allowed then
       current[key] = next
-      r[5] = next
+      r[4] = next
     elseif flags ~= '1' and flags ~= '3' then
       reply[o + 1] = 0
     end
@@ -165,20 +235,30 @@ local function decide_batch(argv, k, count, a, reply)
     reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = allowed and 1 or 0, remaining, reset, retry, wait
   end
 
+  local e = o + 2 + 5 * count
+  reply[e] = 0
   if reply[o + 1] == 1 then
     -- Each key keeps the state its last stored request left.
     for i = count, 1, -1 do
       local r = reqs[i]
       local key = keys[k + i - 1]
-      if r[5] and r[2] > 0 and not r[3] and current[key] ~= false then
-        save(k + i - 1, r[1], r[5], r[6], r[4])
+      if r[2] and current[key] ~= false then
+        save(k + i - 1, r[1], r[4], r[5], r[3])
         current[key] = false
+      end
+    end
+    for i = 1, count do
+      local r = reqs[i]
+      if r[6] > 0 and r[4] then
+        local q = e + 4 * reply[e]
+        reply[q + 1], reply[q + 2], reply[q + 3], reply[q + 4] = i - 1, r[6], r[7], r[8]
+        reply[e] = reply[e] + 1
       end
     end
   else
     for i = 1, count do
       local r = reqs[i]
-      local _, _, remaining, reset = r[1].alg.step(r[4], now, r[1], 0)
+      local _, _, remaining, reset = r[1].alg.step(r[3], now, r[1], 0)
       local p = o + 2 + 5 * (i - 1)
       reply[p + 1], reply[p + 2], reply[p + 4] = remaining, reset, 0
     end

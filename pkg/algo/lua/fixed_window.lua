@@ -28,4 +28,18 @@ do
     end
     return {t = start, c = used + hits}, true, remaining - hits, stop - now, 0, 0
   end}
+  -- give gives back hits taken in the window starting at mark (algo's
+  -- give): it returns next, remaining, reset_us.
+  algorithms.fixed_window.windowed = true
+  algorithms.fixed_window.give = function(s, now, l, hits, mark)
+    local next = s
+    if s.t == mark and s.c > 0 then
+      next = {t = s.t, c = s.c - min(hits, s.c)}
+      if next.c == 0 then
+        next = {t = 0, c = 0}
+      end
+    end
+    local _, _, remaining, reset = algorithms.fixed_window.step(next, now, l, 0)
+    return next, remaining, reset
+  end
 end

@@ -68,4 +68,21 @@ do
     curr = curr + hits
     return {t = start, c = curr, p = prev}, true, remaining - hits, reset(curr), 0, 0
   end}
+  -- give gives back hits taken in the window starting at mark (algo's
+  -- give): they count in that window while it is current, then as the
+  -- previous window's. It returns next, remaining, reset_us.
+  algorithms.sliding_window_counter.windowed = true
+  algorithms.sliding_window_counter.give = function(s, now, l, hits, mark)
+    local next = {t = s.t, c = s.c, p = s.p}
+    if s.t == mark and s.c > 0 then
+      next.c = s.c - min(hits, s.c)
+    elseif s.t == mark + l.w and s.p > 0 then
+      next.p = s.p - min(hits, s.p)
+    end
+    if next.c == 0 and next.p == 0 then
+      next = {t = 0, c = 0, p = 0}
+    end
+    local _, _, remaining, reset = algorithms.sliding_window_counter.step(next, now, l, 0)
+    return next, remaining, reset
+  end
 end

@@ -197,8 +197,8 @@ func (b *Backend) decideOne(now time.Time, r *algo.Request, out *algo.Decision) 
 	if e != nil && e.expires > nowUS {
 		st = e.state
 	}
-	d := algo.Step(&st, now, r.Limit, r.Hits)
-	if d.Allowed && r.Hits > 0 && !r.Peek {
+	d := algo.Apply(&st, now, r)
+	if algo.Stores(r, &d) {
 		sh.store(b, r.Key, e, st, nowUS+d.ResetAfter.Microseconds(), nowUS, nil)
 	}
 	sh.mu.Unlock()
@@ -251,7 +251,7 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 			}
 		}
 		next = append(next, st)
-		d := algo.Step(&next[i], now, r.Limit, r.Hits)
+		d := algo.Apply(&next[i], now, r)
 		out[i] = d
 		if !d.Allowed && !r.Shadow {
 			admit = false
@@ -261,7 +261,7 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 	if admit {
 		for i := range reqs {
 			r := &reqs[i]
-			if !out[i].Allowed || r.Hits == 0 || r.Peek {
+			if !algo.Stores(r, &out[i]) {
 				continue
 			}
 			// Look the entry up again: an earlier store in this batch may

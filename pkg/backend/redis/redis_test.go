@@ -78,6 +78,8 @@ func TestGoAndLuaAgree(t *testing.T) {
 				other := algo.Algorithms()[rng.IntN(len(algo.Algorithms()))]
 				limits := []algo.Limit{randomLimit(rng, a), randomLimit(rng, a), randomLimit(rng, other)}
 				w := limits[0].Window
+				// Leases taken so far, by key, so that gives name real ones.
+				marks := map[string][]int64{}
 				for step := range 150 {
 					switch rng.IntN(12) {
 					case 0: // the same instant
@@ -101,6 +103,25 @@ func TestGoAndLuaAgree(t *testing.T) {
 						if rng.IntN(25) == 0 {
 							reqs[i].Hits = 1 + max(limits[k].Requests, limits[k].Burst)
 						}
+						// Leases: takes of a random size, share and TTL, and
+						// gives of hits to a lease taken before (or to none).
+						switch rng.IntN(4) {
+						case 0:
+							reqs[i].Op = algo.OpTake
+							reqs[i].Lease = algo.Lease{
+								Max:   rng.Uint64N(2 * max(limits[k].Requests, 1)),
+								Share: rng.Uint64N(9),
+								TTL:   time.Duration(rng.Int64N(int64(2 * w))),
+							}
+						case 1:
+							reqs[i].Op = algo.OpGive
+							reqs[i].Hits = rng.Uint64N(1 + limits[k].Requests)
+							if ms := marks[string(reqs[i].Key)]; len(ms) > 0 && rng.IntN(5) > 0 {
+								reqs[i].Lease.Mark = ms[rng.IntN(len(ms))]
+							} else {
+								reqs[i].Lease.Mark = now.UnixMicro() + rng.Int64N(int64(w/time.Microsecond)) - int64(w/time.Microsecond/2)
+							}
+						}
 					}
 					want := make([]algo.Decision, len(reqs))
 					got := make([]algo.Decision, len(reqs))
@@ -112,9 +133,12 @@ func TestGoAndLuaAgree(t *testing.T) {
 					}
 					for i := range reqs {
 						if got[i] != want[i] {
-							t.Fatalf("run %d step %d at %v, request %d of %d (%s, %+v, %d hits, shadow %v, peek %v):\n Lua %s\n  Go %s",
+							t.Fatalf("run %d step %d at %v, request %d of %d (%s, %+v, %d hits, shadow %v, peek %v, op %d %+v):\n Lua %s\n  Go %s",
 								run, step, now.Sub(algotest.Epoch), i, len(reqs), reqs[i].Key, reqs[i].Limit, reqs[i].Hits, reqs[i].Shadow, reqs[i].Peek,
-								algotest.Format(got[i]), algotest.Format(want[i]))
+								reqs[i].Op, reqs[i].Lease, algotest.Format(got[i]), algotest.Format(want[i]))
+						}
+						if want[i].Mark != 0 {
+							marks[string(reqs[i].Key)] = append(marks[string(reqs[i].Key)], want[i].Mark)
 						}
 					}
 				}

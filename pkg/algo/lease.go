@@ -1,0 +1,186 @@
+package algo
+
+import (
+	"time"
+)
+
+// Apply applies request r to the state *s at now, as a backend does for
+// one request of a batch, and returns its decision: [Step] for an
+// [OpDecide], a lease for an [OpTake], a return for an [OpGive]. Like Step,
+// it changes *s only when the request changes the state (see [Stores]).
+//
+// Every backend that keeps state in Go applies requests with Apply; the
+// Lua twins in the decision script apply them the same way.
+func Apply(s *State, now time.Time, r *Request) Decision {
+	l := r.Limit
+	leasable := l.Algorithm.Leasable() && l.Check() == nil
+	switch {
+	case r.Op == OpGive && leasable:
+		d := give(s, now.UnixMicro(), l, r.Hits, r.Lease.Mark)
+		if d.ResetAfter == 0 {
+			// Nothing counts any more: no state, as a store that expires
+			// keys at their reset keeps none (even for a clock that later
+			// steps back).
+			*s = State{}
+		}
+		return d
+	case r.Op == OpGive:
+		// Nothing of this limit is ever leased, so nothing comes back.
+		d := Step(s, now, l, 0)
+		d.Allowed = true
+		return d
+	case r.Op == OpTake && leasable && !r.Peek && r.Lease.TTL > 0:
+		return take(s, now.UnixMicro(), l, r.Hits, r.Lease)
+	}
+	return Step(s, now, l, r.Hits)
+}
+
+// Stores reports whether a backend must store the state that [Apply] left
+// for request r with decision d, once the batch is admitted: an allowed
+// request that is no peek and consumed hits, took a lease or gave hits
+// back to a limit that leases.
+func Stores(r *Request, d *Decision) bool {
+	return d.Allowed && !r.Peek && (r.Hits > 0 || d.Taken > 0) && (r.Op != OpGive || r.Limit.Algorithm.Leasable())
+}
+
+// take is [Apply] for an OpTake of a leasable algorithm. now is in µs.
+func take(s *State, now int64, l Limit, hits uint64, ls Lease) Decision {
+	ttl := max(ls.TTL.Microseconds(), 1)
+	switch l.Algorithm {
+	case TokenBucket:
+		return tokenBucketOp(s, now, l, hits, leaseOp{op: OpTake, max: ls.Max, share: ls.Share, ttl: ttl})
+	case GCRA:
+		return gcraOp(s, now, l, hits, leaseOp{op: OpTake, max: ls.Max, share: ls.Share, ttl: ttl})
+	}
+	step := fixedWindow
+	if l.Algorithm == SlidingWindowCounter {
+		step = slidingWindowCounter
+	}
+	orig := *s
+	d := step(s, now, l, hits)
+	if !d.Allowed {
+		return d
+	}
+	taken := leaseSize(hits, d.Remaining+hits, ls)
+	if taken > hits {
+		*s = orig
+		d = step(s, now, l, taken) // taken fits what remained: allowed
+		d.Mark = s.Time
+		d.Valid = micros(min(ttl, s.Time+windowMicros(l)-now))
+	}
+	d.Taken = taken
+	return d
+}
+
+// leaseSize is what a take of hits takes when avail hits remain:
+// max(hits, min(Max, avail / Share)).
+func leaseSize(hits, avail uint64, ls Lease) uint64 {
+	return max(hits, min(ls.Max, avail/max(ls.Share, 1)))
+}
+
+// give is [Apply] for an OpGive of a leasable algorithm. now is in µs.
+func give(s *State, now int64, l Limit, hits uint64, mark int64) Decision {
+	switch l.Algorithm {
+	case TokenBucket:
+		return tokenBucketOp(s, now, l, hits, leaseOp{op: OpGive, mark: mark})
+	case GCRA:
+		return gcraOp(s, now, l, hits, leaseOp{op: OpGive, mark: mark})
+	case FixedWindow:
+		// The hits count in the window they were taken in, or nowhere.
+		if s.Time == mark && s.Count > 0 {
+			if s.Count -= int64(min(hits, uint64(s.Count))); s.Count == 0 {
+				*s = State{}
+			}
+		}
+		d := fixedWindow(s, now, l, 0)
+		return d
+	default: // SlidingWindowCounter
+		// The hits count in their window while it is current, then as the
+		// previous window's.
+		n := int64(min(hits, 1<<62))
+		switch w := windowMicros(l); {
+		case s.Time == mark && s.Count > 0:
+			s.Count -= min(n, s.Count)
+		case s.Time == mark+w && s.Prev > 0:
+			s.Prev -= min(n, s.Prev)
+		}
+		if s.Count == 0 && s.Prev == 0 {
+			*s = State{}
+		}
+		return slidingWindowCounter(s, now, l, 0)
+	}
+}
+
+// leaseOp is what a bucket step does beyond deciding hits: a take or a
+// give with its arguments (ttl in µs).
+type leaseOp struct {
+	op         Op
+	max, share uint64
+	ttl, mark  int64
+}
+
+// leases are the leases outstanding on a bucket ([State.Log]): pairs
+// (end, hits), ordered by end. The methods never write into the receiver's
+// backing array: states may share it.
+type leases []int64
+
+// hits returns the hits of every lease.
+func (ls leases) hits() int64 {
+	var n int64
+	for i := 1; i < len(ls); i += 2 {
+		n += ls[i]
+	}
+	return n
+}
+
+// end returns the end of the last lease; ls must not be empty.
+func (ls leases) end() int64 { return ls[len(ls)-2] }
+
+// live returns the leases that end after now: ls itself when none ended.
+func (ls leases) live(now int64) leases {
+	i := 0
+	for i < len(ls) && ls[i] <= now {
+		i += 2
+	}
+	if i == 0 {
+		return ls
+	}
+	return ls[i:]
+}
+
+// with returns ls with n more hits in the lease ending at end, added in
+// order, as a new slice.
+func (ls leases) with(end, n int64) leases {
+	out := make(leases, 0, len(ls)+2)
+	i := 0
+	for i < len(ls) && ls[i] < end {
+		out = append(out, ls[i], ls[i+1])
+		i += 2
+	}
+	if i < len(ls) && ls[i] == end {
+		out = append(out, end, ls[i+1]+n)
+		i += 2
+	} else {
+		out = append(out, end, n)
+	}
+	return append(out, ls[i:]...)
+}
+
+// without returns ls with up to n hits taken out of the lease ending at
+// mark, as a new slice, and the hits taken out: none when no lease ends at
+// mark.
+func (ls leases) without(mark, n int64) (leases, int64) {
+	for i := 0; i < len(ls); i += 2 {
+		if ls[i] != mark {
+			continue
+		}
+		k := min(n, ls[i+1])
+		out := make(leases, 0, len(ls))
+		out = append(out, ls[:i]...)
+		if ls[i+1] > k {
+			out = append(out, mark, ls[i+1]-k)
+		}
+		return append(out, ls[i+2:]...), k
+	}
+	return ls, 0
+}
