@@ -184,3 +184,22 @@ func (ls leases) without(mark, n int64) (leases, int64) {
 	}
 	return ls, 0
 }
+
+// LeaseState is what a lease engine holds of one key in this process.
+type LeaseState struct {
+	// Held is the hits leased and not yet spent.
+	Held uint64
+	// Ends is the time until the first lease held ends; zero when none.
+	Ends time.Duration
+	// Rate is the key's observed rate on this replica, in hits per
+	// second, which sizes its leases.
+	Rate float64
+	// Fetching is set while a lease is being taken.
+	Fetching bool
+}
+
+// LeaseReader reports what a lease engine holds of a key, for operators
+// (explain, Peek).
+type LeaseReader interface {
+	LeaseState(key []byte) (LeaseState, bool)
+}

@@ -59,6 +59,68 @@ func (a Algorithm) UsesBurst() bool {
 	return false
 }
 
+// Leasable reports whether the algorithm's budget is fungible, so that
+// rate_limit.consistency: leased may hand slices of it to replicas:
+// fixed_window, sliding_window_counter, token_bucket and gcra.
+func (a Algorithm) Leasable() bool {
+	switch a {
+	case FixedWindow, SlidingWindowCounter, TokenBucket, GCRA:
+		return true
+	}
+	return false
+}
+
+// unleasableWhy says why an algorithm that is not Leasable cannot be
+// leased, completing "<algorithm> ...".
+func unleasableWhy(a Algorithm) string {
+	switch a {
+	case SlidingWindowLog:
+		return "ties each admitted hit to its own instant"
+	case LeakyBucket:
+		return "gives each admitted hit its place in one queue"
+	case BurstFill:
+		return "starts its window at the first request, which one replica cannot know of another"
+	}
+	return "is not leasable"
+}
+
+// Consistency is a limit's rate_limit.consistency: where its decisions
+// are made. The zero value is Exact, the default.
+type Consistency uint8
+
+const (
+	// Exact decides every request in the backend: with Redis, one round
+	// trip per decision, shared by every replica at once.
+	Exact Consistency = iota
+	// Leased lets each replica decide in process from slices of the
+	// budget it leased from the backend (docs/leasing.md): never more
+	// than the limit, at the cost of refusing while budget sits unspent
+	// in another replica's lease, within documented bounds.
+	Leased
+)
+
+// String returns the consistency's rule-file name.
+func (c Consistency) String() string {
+	switch c {
+	case Exact:
+		return "exact"
+	case Leased:
+		return "leased"
+	}
+	return fmt.Sprintf("consistency(%d)", uint8(c))
+}
+
+// ParseConsistency returns the consistency named s.
+func ParseConsistency(s string) (Consistency, error) {
+	switch s {
+	case "exact":
+		return Exact, nil
+	case "leased":
+		return Leased, nil
+	}
+	return 0, fmt.Errorf("unknown consistency %q; accepted: exact, leased", s)
+}
+
 // ParseAlgorithm returns the algorithm named s. Names are case-sensitive,
 // like every other rule-file keyword.
 func ParseAlgorithm(s string) (Algorithm, error) {

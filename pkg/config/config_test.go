@@ -611,3 +611,44 @@ descriptors:
 		t.Errorf("unlimited rule: %+v", admin)
 	}
 }
+
+// TestConsistency reads rate_limit.consistency: exact by default, leased
+// on every leasable algorithm, per entry of rate_limits.
+func TestConsistency(t *testing.T) {
+	r := parse(t, `
+domain: api
+descriptors:
+  - key: plain
+    rate_limit: {requests_per_unit: 10, unit: second}
+  - key: window
+    rate_limit: {requests_per_unit: 10, unit: second, consistency: leased}
+  - key: buckets
+    rate_limits:
+      - {requests_per_unit: 10, unit: second, algorithm: token_bucket, consistency: leased}
+      - {requests_per_unit: 100, unit: minute, algorithm: gcra, consistency: exact}
+      - {requests_per_unit: 1000, unit: hour, algorithm: sliding_window_counter, consistency: leased}
+`)
+	want := map[string][]Consistency{
+		"plain":   {Exact},
+		"window":  {Leased},
+		"buckets": {Leased, Exact, Leased},
+	}
+	for k, cs := range want {
+		rule := r.Domain("api").Match(&entries{{k, "v"}})
+		if rule == nil {
+			t.Fatalf("%s: no rule", k)
+		}
+		for i, c := range cs {
+			if got := rule.Limits[i].Consistency; got != c {
+				t.Errorf("%s: limit %d is %v, want %v", k, i, got, c)
+			}
+		}
+	}
+	for _, a := range Algorithms() {
+		_, err := Parse(File{Name: "a.yaml", Data: []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1, unit: second, algorithm: " +
+			a.String() + ", consistency: leased}\n")})
+		if (err == nil) != a.Leasable() {
+			t.Errorf("%v leased: error %v, want one only when it does not lease", a, err)
+		}
+	}
+}

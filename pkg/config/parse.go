@@ -42,8 +42,8 @@ const (
 	domainFields     = "domain, descriptors, failure_mode"
 	descriptorFields = "key, value, rate_limit, rate_limits, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
 		"share_threshold, quota_mode, metadata"
-	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst"
-	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst"
+	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency"
+	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency"
 	replacesFields   = "name"
 )
 
@@ -287,7 +287,7 @@ func (p *parser) rateLimit(n *yaml.Node, field string) *Rule {
 		for _, c := range []struct {
 			n    *yaml.Node
 			name string
-		}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}} {
+		}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}, {b.cons, "consistency"}} {
 			if c.n != nil {
 				p.fail(c.n, field+"."+c.name, "must not be set together with unlimited: true; an unlimited rule counts nothing")
 				ok = false
@@ -369,12 +369,12 @@ func (p *parser) rateLimits(n *yaml.Node, field string) *Rule {
 // limitBlock is one limit being parsed: a rate_limit block or an entry of
 // rate_limits, with the nodes of the fields it set.
 type limitBlock struct {
-	node                        *yaml.Node
-	field                       string
-	rpu, unit, mult, alg, burst *yaml.Node
-	lim                         Limit
-	ok                          bool // every field given is well-formed
-	listed                      bool // an entry of rate_limits
+	node                              *yaml.Node
+	field                             string
+	rpu, unit, mult, alg, burst, cons *yaml.Node
+	lim                               Limit
+	ok                                bool // every field given is well-formed
+	listed                            bool // an entry of rate_limits
 }
 
 // limitField parses field f of a limit block when it is one of the fields
@@ -409,6 +409,9 @@ func (p *parser) limitField(b *limitBlock, f mappingField, sub string) bool {
 	case "burst":
 		b.burst = f.val
 		b.lim.Burst, good = p.uint(f.val, sub, 0, maxUint32) // 0: see checkLimit
+	case "consistency":
+		b.cons = f.val
+		b.lim.Consistency, good = keyword(p, f.val, sub, ParseConsistency)
 	default:
 		return false
 	}
@@ -451,6 +454,11 @@ func (p *parser) checkLimit(b *limitBlock) bool {
 	l.Window = time.Duration(l.UnitMultiplier) * l.Unit.Duration()
 	if b.burst != nil && !l.Algorithm.UsesBurst() {
 		p.fail(b.burst, b.field+".burst", "%s does not use burst; only bucket algorithms take a capacity", l.Algorithm)
+		return false
+	}
+	if l.Consistency == Leased && !l.Algorithm.Leasable() {
+		p.fail(b.cons, b.field+".consistency", "leased needs a budget that any replica may spend: %s %s; "+
+			"leasable: fixed_window, sliding_window_counter, token_bucket, gcra (or consistency: exact)", l.Algorithm, unleasableWhy(l.Algorithm))
 		return false
 	}
 	n := uint64(l.RequestsPerUnit)

@@ -218,6 +218,9 @@ type Limit struct {
 	// the algorithm takes none or the rule leaves it to the default.
 	Algorithm Algorithm
 	Burst     uint64
+	// Consistency says where the limit is decided: in the backend (Exact)
+	// or by each replica from leased budget (Leased).
+	Consistency Consistency
 }
 
 // Capacity returns the limit's bucket capacity: Burst, or RequestsPerUnit

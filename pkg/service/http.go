@@ -148,6 +148,9 @@ func writeRule(w io.Writer, r *config.Rule) {
 		if l.Burst != 0 {
 			fmt.Fprintf(w, ", burst: %d", l.Burst)
 		}
+		if l.Consistency != config.Exact {
+			fmt.Fprintf(w, ", consistency: %s", l.Consistency)
+		}
 		if l.UnitMultiplier > 1 {
 			fmt.Fprintf(w, ", unit_multiplier: %d", l.UnitMultiplier)
 		}

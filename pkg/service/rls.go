@@ -186,7 +186,7 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 		sc.keys = appendDescriptor(sc.keys, req.Domain, d, c.rule)
 		end := len(sc.keys)
 		if c.override != nil {
-			sc.add(overrideLimit(c.override), h, false)
+			sc.add(overrideLimit(c.override), h, false, false)
 			c.n = 1
 			continue
 		}
@@ -196,7 +196,8 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 			if j > 0 {
 				sc.keys = append(sc.keys, sc.keys[start:end]...)
 			}
-			sc.add(ruleLimit(&c.rule.Limits[j]), h, c.rule.ShadowMode)
+			l := &c.rule.Limits[j]
+			sc.add(ruleLimit(l), h, c.rule.ShadowMode, l.Consistency == config.Leased)
 		}
 		c.n = len(c.rule.Limits)
 	}
@@ -213,11 +214,11 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 }
 
 // add appends a backend request under limit l, its key the descriptor
-// just appended to sc.keys.
-func (sc *scratch) add(l algo.Limit, hits uint64, shadow bool) {
+// just appended to sc.keys; leased marks a limit with consistency: leased.
+func (sc *scratch) add(l algo.Limit, hits uint64, shadow, leased bool) {
 	sc.keys = key.AppendLimit(sc.keys, l)
 	sc.keyEnds = append(sc.keyEnds, len(sc.keys))
-	sc.reqs = append(sc.reqs, algo.Request{Limit: l, Hits: hits, Shadow: shadow})
+	sc.reqs = append(sc.reqs, algo.Request{Limit: l, Hits: hits, Shadow: shadow, Leased: leased})
 }
 
 // replacedBy reports whether any matched rule in checks replaces a name of

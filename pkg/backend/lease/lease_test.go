@@ -1,0 +1,443 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+)
+
+// clock is a settable clock, safe for concurrent use.
+type clock struct{ ns atomic.Int64 }
+
+func newClock(t time.Time) *clock {
+	c := &clock{}
+	c.ns.Store(t.UnixNano())
+	return c
+}
+
+func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) Add(d time.Duration)     { c.ns.Add(int64(d)) }
+func (c *clock) Set(t time.Time)         { c.ns.Store(t.UnixNano()) }
+func (c *clock) Since(t time.Time) int64 { return c.ns.Load() - t.UnixNano() }
+
+// epoch is a whole minute, so that windows start there.
+var epoch = time.Unix(1_700_000_040, 0)
+
+// counting is a backend that counts its calls and can be made to fail.
+type counting struct {
+	inner algo.Backend
+	calls atomic.Int64
+	fail  atomic.Bool
+}
+
+var errDown = errors.New("store down")
+
+func (c *counting) Decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
+	c.calls.Add(1)
+	if c.fail.Load() {
+		return errDown
+	}
+	return c.inner.Decide(ctx, reqs, out)
+}
+
+func (c *counting) Reset(ctx context.Context, keys [][]byte) error {
+	return c.inner.(algo.Resetter).Reset(ctx, keys)
+}
+
+// store is a shared store: a memory backend on clock c.
+func newStore(t *testing.T, c *clock) *memory.Backend {
+	m := memory.New(memory.Options{Now: c.Now, SweepInterval: -1})
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// newEngine returns a manual engine over inner.
+func newEngine(t *testing.T, inner algo.Backend, c *clock, opts Options) *Engine {
+	t.Helper()
+	opts.Now, opts.Manual = c.Now, true
+	e, err := New(inner, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	return e
+}
+
+func leasedReq(key string, l algo.Limit, hits uint64) algo.Request {
+	return algo.Request{Key: []byte(key), Limit: l, Hits: hits, Leased: true}
+}
+
+// decide decides one request with e.
+func decide(t *testing.T, e algo.Backend, reqs ...algo.Request) []algo.Decision {
+	t.Helper()
+	out := make([]algo.Decision, len(reqs))
+	if err := e.Decide(context.Background(), reqs, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// remaining peeks what the store has left for r's key.
+func remaining(t *testing.T, store algo.Backend, r algo.Request) uint64 {
+	t.Helper()
+	r.Hits, r.Leased, r.Peek = 0, false, true
+	return decide(t, store, r)[0].Remaining
+}
+
+// TestHotKeyDecidesLocally sends a steady stream to one key: after the
+// first lease, decisions are made in process, and what was admitted is
+// exactly what the store counted, less what the engine holds.
+func TestHotKeyDecidesLocally(t *testing.T) {
+	c := newClock(epoch)
+	store := &counting{inner: newStore(t, c)}
+	e := newEngine(t, store, c, Options{})
+	l := algo.Limit{Requests: 100_000, Window: time.Minute}
+	admitted := uint64(0)
+	for range 2000 {
+		c.Add(time.Millisecond) // 1,000 per second
+		d := decide(t, e, leasedReq("k", l, 1))[0]
+		if !d.Allowed {
+			t.Fatalf("refused at %v with %d admitted", c.Since(epoch), admitted)
+		}
+		admitted++
+		e.Flush(context.Background())
+	}
+	st := e.Stats()
+	if calls := store.calls.Load(); calls > 40 {
+		t.Errorf("%d store calls for 2000 decisions, want a lease to cover ~1 s of traffic", calls)
+	}
+	if st.Local < 1900 {
+		t.Errorf("%d of 2000 decisions made in process", st.Local)
+	}
+	got := remaining(t, store.inner, leasedReq("k", l, 0))
+	if want := l.Requests - admitted - uint64(st.Held); got != want {
+		t.Errorf("the store has %d left, want %d (limit − %d admitted − %d held)", got, want, admitted, st.Held)
+	}
+	t.Logf("%d decisions: %d store calls, %d local, %d held", admitted, store.calls.Load(), st.Local, st.Held)
+}
+
+// TestColdKeyLeasesNothing sends one request per key: each is decided by
+// the store, exactly, and nothing is held.
+func TestColdKeyLeasesNothing(t *testing.T) {
+	c := newClock(epoch)
+	store := newStore(t, c)
+	e := newEngine(t, store, c, Options{})
+	l := algo.Limit{Requests: 100, Window: time.Minute}
+	for i := range 50 {
+		c.Add(10 * time.Millisecond)
+		d := decide(t, e, leasedReq(string(rune('a'+i)), l, 1))[0]
+		if !d.Allowed || d.Remaining != 99 {
+			t.Fatalf("key %d: %+v, want allowed with 99 remaining", i, d)
+		}
+	}
+	if st := e.Stats(); st.Held != 0 || st.Takes != 0 || e.Queued() != 0 {
+		t.Errorf("cold keys: %+v, %d queued; want nothing held, taken or queued", st, e.Queued())
+	}
+}
+
+// TestNeverAdmitsMoreThanTheLimit drains a limit from one key at a high
+// rate: exactly the limit is admitted, the last hits with the leases
+// shrunk to single decisions.
+func TestNeverAdmitsMoreThanTheLimit(t *testing.T) {
+	for _, a := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindowCounter, algo.TokenBucket, algo.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			c := newClock(epoch)
+			store := newStore(t, c)
+			e := newEngine(t, store, c, Options{})
+			l := algo.Limit{Algorithm: a, Requests: 500, Window: time.Hour}
+			var admitted uint64
+			for range 1000 {
+				c.Add(100 * time.Microsecond)
+				if decide(t, e, leasedReq("k", l, 1))[0].Allowed {
+					admitted++
+				}
+				if e.Queued() > 0 {
+					e.Flush(context.Background())
+				}
+			}
+			if admitted != l.Requests {
+				t.Errorf("admitted %d, want exactly %d", admitted, l.Requests)
+			}
+		})
+	}
+}
+
+// TestMixedBatchAllOrNothing decides a leased and an exact request
+// together: when the exact one is over its limit, the leased one consumes
+// nothing, in process or in the store.
+func TestMixedBatchAllOrNothing(t *testing.T) {
+	c := newClock(epoch)
+	store := newStore(t, c)
+	e := newEngine(t, store, c, Options{})
+	hot := algo.Limit{Requests: 10_000, Window: time.Minute}
+	tight := algo.Limit{Requests: 3, Window: time.Minute}
+	// Warm the leased key so that it holds a lease.
+	for range 200 {
+		c.Add(time.Millisecond)
+		decide(t, e, leasedReq("hot", hot, 1))
+		e.Flush(context.Background())
+	}
+	held := e.Stats().Held
+	if held == 0 {
+		t.Fatal("the warm key holds no lease")
+	}
+	exact := algo.Request{Key: []byte("tight"), Limit: tight, Hits: 1}
+	for i := range 5 {
+		c.Add(time.Millisecond)
+		out := decide(t, e, leasedReq("hot", hot, 2), exact)
+		// The leased request is allowed in itself; the batch stands or
+		// falls with the exact one.
+		if want := i < 3; out[1].Allowed != want || !out[0].Allowed {
+			t.Fatalf("batch %d: %+v, want the exact request allowed %v and the leased one allowed", i, out, want)
+		}
+	}
+	// Refused batches spent nothing: 3 batches of 2 hits were admitted.
+	st, _ := e.LeaseState([]byte("hot"))
+	total := 200 + 3*2
+	if got := hot.Requests - remaining(t, store, leasedReq("hot", hot, 0)) - st.Held; got != uint64(total) {
+		t.Errorf("the store counts %d spent, want %d", got, total)
+	}
+}
+
+// TestColdKeyGivesBack lets a warm key go cold: the sweep gives its lease
+// back, and the store has it again.
+func TestColdKeyGivesBack(t *testing.T) {
+	for _, a := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindowCounter, algo.TokenBucket, algo.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			c := newClock(epoch)
+			store := newStore(t, c)
+			e := newEngine(t, store, c, Options{})
+			l := algo.Limit{Algorithm: a, Requests: 10_000, Window: time.Hour}
+			for range 100 {
+				c.Add(time.Millisecond)
+				decide(t, e, leasedReq("k", l, 1))
+				e.Flush(context.Background())
+			}
+			if e.Stats().Held == 0 {
+				t.Fatal("nothing held")
+			}
+			c.Add(DefaultPeriod)
+			e.Sweep()
+			e.Flush(context.Background())
+			st := e.Stats()
+			if st.Held != 0 || st.Given == 0 {
+				t.Fatalf("after going cold: %+v, want nothing held and hits given back", st)
+			}
+			// The bucket refilled meanwhile: compare the window counts.
+			if a == algo.FixedWindow || a == algo.SlidingWindowCounter {
+				if got := remaining(t, store, leasedReq("k", l, 0)); got != l.Requests-100 {
+					t.Errorf("the store has %d left, want %d: only the hits admitted count", got, l.Requests-100)
+				}
+			}
+		})
+	}
+}
+
+// TestCloseGivesBack closes an engine holding leases: they go back.
+func TestCloseGivesBack(t *testing.T) {
+	c := newClock(epoch)
+	store := newStore(t, c)
+	opts := Options{Now: c.Now, Manual: true}
+	e, err := New(store, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := algo.Limit{Requests: 10_000, Window: time.Hour}
+	for range 100 {
+		c.Add(time.Millisecond)
+		decide(t, e, leasedReq("k", l, 1))
+		e.Flush(context.Background())
+	}
+	if e.Stats().Held == 0 {
+		t.Fatal("nothing held")
+	}
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := remaining(t, store, leasedReq("k", l, 0)); got != l.Requests-100 {
+		t.Errorf("the store has %d left after Close, want %d", got, l.Requests-100)
+	}
+}
+
+// TestStoreDown fails the store: held leases keep deciding, then the
+// error reaches the caller, and a failed call takes nothing from the
+// leases.
+func TestStoreDown(t *testing.T) {
+	c := newClock(epoch)
+	store := &counting{inner: newStore(t, c)}
+	e := newEngine(t, store, c, Options{})
+	l := algo.Limit{Requests: 100_000, Window: time.Hour}
+	for range 500 {
+		c.Add(time.Millisecond)
+		decide(t, e, leasedReq("k", l, 1))
+		e.Flush(context.Background())
+	}
+	held := uint64(e.Stats().Held)
+	store.fail.Store(true)
+	var local uint64
+	for {
+		c.Add(100 * time.Microsecond)
+		out := make([]algo.Decision, 1)
+		err := e.Decide(context.Background(), []algo.Request{leasedReq("k", l, 1)}, out)
+		if err != nil {
+			if !errors.Is(err, errDown) {
+				t.Fatalf("error %v, want the store's", err)
+			}
+			break
+		}
+		if !out[0].Allowed {
+			t.Fatal("refused while leases were held")
+		}
+		local++
+		e.Flush(context.Background()) // prefetches fail
+	}
+	if local != held {
+		t.Errorf("decided %d from leases while the store was down, want the %d held", local, held)
+	}
+	if st := e.Stats(); st.Held != 0 || st.Errors == 0 {
+		t.Errorf("after the leases ran out: %+v", st)
+	}
+}
+
+// TestLimitChange moves a key to another limit (a rule reload): the old
+// leases go back, and the new limit is leased afresh.
+func TestLimitChange(t *testing.T) {
+	c := newClock(epoch)
+	store := newStore(t, c)
+	e := newEngine(t, store, c, Options{})
+	old := algo.Limit{Requests: 10_000, Window: time.Hour}
+	for range 100 {
+		c.Add(time.Millisecond)
+		decide(t, e, leasedReq("k", old, 1))
+		e.Flush(context.Background())
+	}
+	now := algo.Limit{Requests: 5_000, Window: time.Hour}
+	c.Add(time.Millisecond)
+	d := decide(t, e, leasedReq("k", now, 1))[0]
+	e.Flush(context.Background())
+	if !d.Allowed {
+		t.Fatalf("%+v", d)
+	}
+	// 101 hits were admitted under one key; the old lease came back.
+	if got := remaining(t, store, leasedReq("k", now, 0)) + uint64(e.Stats().Held); got != now.Requests-101 {
+		t.Errorf("store and leases hold %d, want %d", got, now.Requests-101)
+	}
+}
+
+// TestPeekConsumesNothing peeks a leased key.
+func TestPeekConsumesNothing(t *testing.T) {
+	c := newClock(epoch)
+	store := newStore(t, c)
+	e := newEngine(t, store, c, Options{})
+	l := algo.Limit{Requests: 10, Window: time.Hour}
+	for range 4 {
+		decide(t, e, leasedReq("k", l, 1))
+	}
+	p := leasedReq("k", l, 3)
+	p.Peek = true
+	for range 3 {
+		d := decide(t, e, p)[0]
+		if !d.Allowed || d.Remaining != 3 {
+			t.Fatalf("peek: %+v, want allowed with 3 remaining", d)
+		}
+	}
+	p.Hits = 7
+	if d := decide(t, e, p)[0]; d.Allowed {
+		t.Fatalf("peek of 7: %+v, want refused", d)
+	}
+	e.Flush(context.Background())
+	if got := remaining(t, store, leasedReq("k", l, 0)) + uint64(e.Stats().Held); got != 6 {
+		t.Errorf("%d left, want 6", got)
+	}
+}
+
+// TestOptions refuses options that cannot work.
+func TestOptions(t *testing.T) {
+	c := newClock(epoch)
+	store := newStore(t, c)
+	for _, o := range []Options{
+		{TTL: time.Microsecond},
+		{TTL: time.Second, Period: 2 * time.Second},
+		{Timeout: -1},
+	} {
+		o.Manual = true
+		if _, err := New(store, o); err == nil {
+			t.Errorf("New(%+v) accepted", o)
+		}
+	}
+	if _, err := New(nil, Options{}); err == nil {
+		t.Error("New(nil) accepted")
+	}
+}
+
+// TestUndoneReservationOfAReplacedLease refuses a batch whose leased
+// request reserved hits of a lease that was replaced while the call was at
+// the store (a prefetched lease arrived): the reserved hits are given
+// back, not lost.
+func TestUndoneReservationOfAReplacedLease(t *testing.T) {
+	c := newClock(epoch)
+	mem := newStore(t, c)
+	var e *Engine
+	deliver := false
+	store := hook{inner: mem, during: func() {
+		if deliver {
+			deliver = false
+			e.Deliver()
+		}
+	}}
+	e = newEngine(t, store, c, Options{})
+	l := algo.Limit{Requests: 100_000, Window: time.Hour}
+	admitted := uint64(0)
+	// Warm the key until a prefetch is due, and send it without
+	// delivering its result.
+	for e.Queued() == 0 || admitted < 50 {
+		c.Add(time.Millisecond)
+		if decide(t, e, leasedReq("k", l, 1))[0].Allowed {
+			admitted++
+		}
+		if e.Queued() > 0 && admitted < 50 {
+			e.Flush(context.Background())
+		}
+	}
+	if e.Send(context.Background(), 100) == 0 {
+		t.Fatal("no prefetch sent")
+	}
+	held := uint64(e.Stats().Held)
+	// More than is held, beside an exact request that is refused: the
+	// batch is refused, and the prefetched lease lands in between.
+	deliver = true
+	none := algo.Request{Key: []byte("x"), Limit: algo.Limit{Requests: 0, Window: time.Hour}, Hits: 1}
+	out := decide(t, e, leasedReq("k", l, held+1), none)
+	if out[1].Allowed || deliver {
+		t.Fatalf("%+v: want the exact request refused, with the lease delivered during the call", out)
+	}
+	e.Flush(context.Background())
+	st, _ := e.LeaseState([]byte("k"))
+	if got := l.Requests - remaining(t, mem, leasedReq("k", l, 0)); got != admitted+st.Held {
+		t.Errorf("the store counts %d, want %d admitted + %d held", got, admitted, st.Held)
+	}
+}
+
+// TestAThirdLeaseIsGivenBack holds two leases: a third goes back.
+func TestAThirdLeaseIsGivenBack(t *testing.T) {
+	var en entry
+	for i, n := range []uint64{3, 4} {
+		if left := en.add(slice{n: n, deadline: 10, mark: int64(i)}); left.n != 0 {
+			t.Fatalf("lease %d refused", i)
+		}
+	}
+	if left := en.add(slice{n: 5, deadline: 10, mark: 2}); left.n != 5 || left.mark != 2 {
+		t.Fatalf("a third lease was kept: %+v, holding %d", left, en.held())
+	}
+	// A reservation of a lease no longer held comes back as an orphan.
+	r := en.reserve(5) // 3 of cur, 2 of next
+	en.cur = slice{}
+	if o := en.unreserve(&r); o[0].n != 3 || o[0].mark != 0 || en.next.n != 4 {
+		t.Fatalf("orphans %+v, next %+v", o, en.next)
+	}
+}
