@@ -441,3 +441,60 @@ func TestAThirdLeaseIsGivenBack(t *testing.T) {
 		t.Fatalf("orphans %+v, next %+v", o, en.next)
 	}
 }
+
+// TestConcurrentReplicas runs three engines with their own goroutines
+// (prefetch, returns, sweeps) over one store, 30 goroutines asking for
+// one key well past its limit: never more than the limit is admitted,
+// nearly all of it is, and once the engines close, the store counts
+// exactly what was admitted.
+func TestConcurrentReplicas(t *testing.T) {
+	for _, a := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindowCounter, algo.TokenBucket, algo.GCRA} {
+		t.Run(a.String(), func(t *testing.T) {
+			c := newClock(epoch)
+			mem := newStore(t, c)
+			l := algo.Limit{Algorithm: a, Requests: 3000, Window: 24 * time.Hour}
+			engines := make([]*Engine, 3)
+			for i := range engines {
+				e, err := New(mem, Options{Now: c.Now, TTL: time.Hour, Period: time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				engines[i] = e
+			}
+			var admitted, asked atomic.Int64
+			done := make(chan struct{})
+			for g := range 30 {
+				go func() {
+					defer func() { done <- struct{}{} }()
+					e := engines[g%3]
+					out := make([]algo.Decision, 1)
+					for asked.Add(1) <= 2*int64(l.Requests) {
+						c.Add(time.Microsecond)
+						if err := e.Decide(context.Background(), []algo.Request{leasedReq("k", l, 1)}, out); err != nil {
+							t.Error(err)
+							return
+						}
+						if out[0].Allowed {
+							admitted.Add(1)
+						}
+					}
+				}()
+			}
+			for range 30 {
+				<-done
+			}
+			for _, e := range engines {
+				if err := e.Close(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := uint64(admitted.Load())
+			if got > l.Requests || got < l.Requests*98/100 {
+				t.Errorf("admitted %d of a limit of %d, want at most it and at least 98%%", got, l.Requests)
+			}
+			if used := l.Requests - remaining(t, mem, leasedReq("k", l, 0)); used != got {
+				t.Errorf("after Close the store counts %d, want the %d admitted", used, got)
+			}
+		})
+	}
+}
