@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
@@ -35,6 +36,7 @@ type serveConfig struct {
 	redisScripts      bool
 	redisCoalesce     int
 	localCacheKeys    int
+	lease             lease.Options
 	clockOffset       time.Duration
 	failureMode       string
 	grpcTLS           tlsconfig.Files
@@ -112,6 +114,9 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.DurationVar(&c.breaker.Timeout, "backend-timeout", breaker.DefaultTimeout, "deadline of each backend call; past it the decision falls to the failure mode")
 	fs.IntVar(&c.breaker.Failures, "circuit-failures", breaker.DefaultFailures, "consecutive failed backend calls that open the circuit: calls then fail at once, without waiting for the backend")
 	fs.DurationVar(&c.breaker.Cooldown, "circuit-cooldown", breaker.DefaultCooldown, "how long the circuit stays open before one call probes the backend again")
+	fs.DurationVar(&c.lease.TTL, "lease-ttl", lease.DefaultTTL, "rules with consistency: leased (Redis backend): the longest a replica may spend a lease of budget before what is left goes back (docs/leasing.md)")
+	fs.DurationVar(&c.lease.Period, "lease-period", lease.DefaultPeriod, "rules with consistency: leased: how much of a key's traffic a lease covers, at most -lease-ttl; longer leases mean fewer Redis calls and more budget held by one replica")
+	fs.Uint64Var(&c.lease.Share, "lease-share", lease.DefaultShare, "rules with consistency: leased: a lease takes at most 1/`N` of what a limit has left, so that no replica holds much of a limit that binds")
 	fs.IntVar(&c.localCacheKeys, "local-cache-keys", 0, "remember up to this many over-limit keys and refuse them locally, without calling Redis, until they may pass again; 0 turns the cache off")
 	fs.DurationVar(&c.clockOffset, "clock-offset", 0, "testing aid: shift this process's clock by this `duration` (simulates a replica whose clock is wrong)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "least important log `level` written: debug, info, warn, error")
@@ -208,6 +213,15 @@ func (c *serveConfig) validate() error {
 	}
 	if c.breaker.Failures < 1 {
 		return fmt.Errorf("invalid %s %d; it must be at least 1", c.source("circuit-failures"), c.breaker.Failures)
+	}
+	switch {
+	case c.lease.TTL < time.Millisecond:
+		return fmt.Errorf("invalid %s %v; it must be at least 1ms", c.source("lease-ttl"), c.lease.TTL)
+	case c.lease.Period < time.Millisecond || c.lease.Period > c.lease.TTL:
+		return fmt.Errorf("invalid %s %v; it must be at least 1ms and at most %s (%v): a lease must be spendable for a period",
+			c.source("lease-period"), c.lease.Period, c.source("lease-ttl"), c.lease.TTL)
+	case c.lease.Share < 1:
+		return fmt.Errorf("invalid %s %d; it must be at least 1 (1 lets one lease take all that remains)", c.source("lease-share"), c.lease.Share)
 	}
 	if c.localCacheKeys < 0 {
 		return fmt.Errorf("invalid %s %d; it must not be negative (0 turns the cache off)", c.source("local-cache-keys"), c.localCacheKeys)

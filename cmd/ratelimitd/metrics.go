@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 	"github.com/ratelimitd/ratelimitd/pkg/reload"
@@ -51,6 +52,29 @@ func registerCache(reg prometheus.Registerer, c *overlimit.Cache) {
 		gauge("local_cache", "keys", "Over-limit keys the local cache holds.", func() float64 { return float64(c.Len()) }),
 	)
 }
+
+// registerLease exports what the lease engine did: leases taken, given
+// back and expired, budget held and stranded, and decisions made in
+// process or with a backend call.
+func registerLease(reg prometheus.Registerer, e *lease.Engine) {
+	stat := func(f func(lease.Stats) uint64) func() uint64 { return func() uint64 { return f(e.Stats()) } }
+	reg.MustRegister(
+		counter("lease", "taken_total", "Leases taken: budget counted in the backend at once, to be spent in process.", nil, stat(func(s lease.Stats) uint64 { return s.Takes })),
+		counter("lease", "taken_hits_total", "Hits of the leases taken.", nil, stat(func(s lease.Stats) uint64 { return s.Taken })),
+		counter("lease", "returned_total", "Gives: unspent hits of leases sent back to the backend (lease ended, key gone cold, shutdown).", nil, stat(func(s lease.Stats) uint64 { return s.Gives })),
+		counter("lease", "returned_hits_total", "Hits given back to the backend.", nil, stat(func(s lease.Stats) uint64 { return s.Given })),
+		counter("lease", "expired_hits_total", "Hits unspent when their lease came to its end (then given back while the backend still counts them).", nil, stat(func(s lease.Stats) uint64 { return s.Expired })),
+		counter("lease", "stranded_hits_total", "Hits that could not be given back because the call failed: unusable by any replica until their lease ends in the backend.", nil, stat(func(s lease.Stats) uint64 { return s.Stranded })),
+		gauge("lease", "held_hits", "Hits this replica holds in leases, unspent: budget other replicas cannot use until it is spent or given back.", func() float64 { return float64(e.Stats().Held) }),
+		gauge("lease", "keys", "Keys of leased limits this replica tracks.", func() float64 { return float64(e.Stats().Keys) }),
+		counter("lease", "decisions_total", leaseDecisionsHelp, prometheus.Labels{"path": "local"}, stat(func(s lease.Stats) uint64 { return s.Local })),
+		counter("lease", "decisions_total", leaseDecisionsHelp, prometheus.Labels{"path": "backend"}, stat(func(s lease.Stats) uint64 { return s.Backend })),
+		counter("lease", "backend_calls_total", "Calls of the backend behind the lease engine: decisions', prefetches' and gives'. Divided by decisions, the backend calls per decision.", nil, stat(func(s lease.Stats) uint64 { return s.Calls })),
+		counter("lease", "background_errors_total", "Prefetches and gives that failed.", nil, stat(func(s lease.Stats) uint64 { return s.Errors })),
+	)
+}
+
+const leaseDecisionsHelp = "Decisions of leased limits, by path: local (from leases held, no backend call) or backend (the leases lacked hits)."
 
 // registerMemory exports the memory backend's size and evictions.
 func registerMemory(reg prometheus.Registerer, b *memory.Backend) {

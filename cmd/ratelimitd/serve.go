@@ -19,6 +19,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
@@ -128,7 +129,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		Logger: log, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
-		Observer: mets, EnableReset: c.enableReset,
+		Observer: mets, EnableReset: c.enableReset, Leases: be.leases,
 	})
 	if err != nil {
 		return err
@@ -275,10 +276,14 @@ func newHTTPServer(handler http.Handler, log *slog.Logger) *http.Server {
 // backends are what newBackend builds.
 type backends struct {
 	main     algo.Backend
-	fallback algo.Backend // decides while main fails, in failure mode local
+	fallback algo.Backend     // decides while main fails, in failure mode local
+	leases   algo.LeaseReader // what this replica holds of leased keys; nil without leasing
 	now      func() time.Time
 	close    func()
 }
+
+// leaseReturnTimeout bounds giving leases back at shutdown.
+const leaseReturnTimeout = 2 * time.Second
 
 // newBackend builds the backend c selects. Redis is guarded by a deadline
 // and a circuit breaker, with a memory backend as the fallback of failure
@@ -338,8 +343,29 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 			},
 		})
 		registerBreaker(reg, guard)
-		be.main, be.fallback = guard, fallback
-		be.close = func() { b.Close(); fallback.Close() }
+		// Rules with consistency: leased are decided in process from
+		// budget leased out of Redis; others pass through.
+		lopts := c.lease
+		lopts.Now, lopts.Logger, lopts.Timeout = be.now, log, max(c.breaker.Timeout, lease.DefaultTimeout)
+		leases, err := lease.New(guard, lopts)
+		if err != nil {
+			b.Close()
+			return nil, err
+		}
+		registerLease(reg, leases)
+		be.main, be.fallback, be.leases = leases, fallback, leases
+		be.close = func() {
+			// Budget still leased goes back before the connections close.
+			ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
+			defer cancel()
+			if err := leases.Close(ctx); err != nil {
+				log.Warn("leases not all given back: their budget returns to the pool when they end", "error", err, "lease_ttl", c.lease.TTL)
+			} else if st := leases.Stats(); st.Given > 0 {
+				log.Info("leases given back", "hits", st.Given)
+			}
+			b.Close()
+			fallback.Close()
+		}
 	default:
 		b := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys, Now: be.now})
 		log.Info("backend ready", "backend", "memory", "max_keys", c.memoryMaxKeys)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimitd/pkg/client"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -370,5 +371,27 @@ func TestOutcomeString(t *testing.T) {
 		if got := o.String(); got != want {
 			t.Errorf("%d: %q, want %q", o, got, want)
 		}
+	}
+}
+
+// TestDecisionOfALeasedLimit reads a leased limit and the lease the
+// answering replica holds.
+func TestDecisionOfALeasedLimit(t *testing.T) {
+	d := client.NewDecision(true, []*ratelimitdv1.DescriptorResult{{
+		Outcome: ratelimitdv1.Outcome_OUTCOME_OK,
+		Limit: &ratelimitdv1.Limit{Requests: 5000, Window: durationpb.New(time.Second),
+			Algorithm: ratelimitdv1.Algorithm_ALGORITHM_FIXED_WINDOW, Consistency: ratelimitdv1.Consistency_CONSISTENCY_LEASED},
+		Remaining: 4000,
+		Lease:     &ratelimitdv1.LeaseState{Held: 120, Ends: durationpb.New(800 * time.Millisecond), Rate: 600},
+	}, {
+		Outcome: ratelimitdv1.Outcome_OUTCOME_OK,
+		Limit:   &ratelimitdv1.Limit{Requests: 10, Window: durationpb.New(time.Minute), Consistency: ratelimitdv1.Consistency_CONSISTENCY_EXACT},
+	}})
+	r := d.Results[0]
+	if !r.Limit.Leased || r.Lease == nil || *r.Lease != (client.Lease{Held: 120, Ends: 800 * time.Millisecond, Rate: 600}) {
+		t.Errorf("leased result %+v, lease %+v", r, r.Lease)
+	}
+	if r := d.Results[1]; r.Limit.Leased || r.Lease != nil {
+		t.Errorf("exact result %+v", r)
 	}
 }

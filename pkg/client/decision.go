@@ -147,6 +147,20 @@ type Limit struct {
 	Algorithm string
 	// Burst is the bucket capacity of token_bucket, leaky_bucket and gcra.
 	Burst uint64
+	// Leased is true for a limit with consistency: leased, decided by
+	// each server replica from budget it leased (docs/leasing.md).
+	Leased bool
+}
+
+// Lease is what the server replica that answered holds of a leased
+// limit's counter: budget leased from its backend, not yet spent.
+type Lease struct {
+	// Held is the hits it may still admit without asking its backend.
+	Held uint64
+	// Ends is the time until the first lease it holds ends.
+	Ends time.Duration
+	// Rate is the counter's rate on that replica, in hits per second.
+	Rate float64
 }
 
 // Result is one descriptor's part in a [Decision].
@@ -171,6 +185,9 @@ type Result struct {
 	// Wait is how long an admitted hit of a leaky bucket waits for the
 	// queue ahead of it.
 	Wait time.Duration
+	// Lease is, for a leased limit, what the replica that answered holds
+	// of its counter; nil when it holds nothing or the API does not tell.
+	Lease *Lease
 }
 
 // NewDecision returns the decision of an own-API answer: the allowed and
@@ -191,7 +208,11 @@ func NewDecision(allowed bool, results []*ratelimitdv1.DescriptorResult) Decisio
 				Window:    l.GetWindow().AsDuration(),
 				Algorithm: algorithmName(l.GetAlgorithm()),
 				Burst:     l.GetBurst(),
+				Leased:    l.GetConsistency() == ratelimitdv1.Consistency_CONSISTENCY_LEASED,
 			}
+		}
+		if ls := pr.GetLease(); ls != nil {
+			r.Lease = &Lease{Held: ls.GetHeld(), Ends: ls.GetEnds().AsDuration(), Rate: ls.GetRate()}
 		}
 		r.Remaining = pr.GetRemaining()
 		r.ResetAfter = pr.GetResetAfter().AsDuration()

@@ -12,6 +12,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
@@ -88,6 +89,10 @@ type ExplainDescriptor struct {
 	// key prefix. A key that is not printable UTF-8 is given Go-quoted,
 	// starting with a double quote (a key itself starts with a digit).
 	Keys []string `json:"keys,omitempty"`
+	// Leases is, for each key of a leased limit (in the order of Keys, nil
+	// for the others), what this replica holds of it now; omitted when no
+	// limit of the descriptor is leased or the server does not lease.
+	Leases []*ExplainLease `json:"leases,omitempty"`
 	// Levels is the walk down the domain's rules, one level per entry
 	// walked; empty for an override or an unknown domain.
 	Levels []ExplainLevel `json:"levels,omitempty"`
@@ -154,6 +159,22 @@ type ExplainLimit struct {
 	// Burst is the bucket capacity of the algorithms that take one
 	// (burst, else requests_per_unit); omitted for the others.
 	Burst uint64 `json:"burst,omitempty"`
+	// Consistency is "exact" or "leased" (rate_limit.consistency).
+	Consistency string `json:"consistency"`
+}
+
+// ExplainLease is what the replica that answered holds of a leased
+// limit's counter: budget leased from the backend, not yet spent.
+type ExplainLease struct {
+	// Held is the hits it may still admit without asking the backend.
+	Held uint64 `json:"held"`
+	// EndsIn is the time until the first lease it holds ends, as a Go
+	// duration ("1.5s"); what is unspent then goes back.
+	EndsIn string `json:"endsIn"`
+	// Rate is the counter's rate on this replica, hits per second.
+	Rate float64 `json:"rate"`
+	// Fetching is set while a lease is being taken.
+	Fetching bool `json:"fetching"`
 }
 
 // serveExplain answers POST /explain. It takes the body of POST /json, a
@@ -231,6 +252,7 @@ func (s *Service) explain(req *rlsv3.RateLimitRequest) *ExplainResponse {
 			for _, r := range sc.reqs[c.req : c.req+c.n] {
 				ed.Keys = append(ed.Keys, printableKey(r.Key))
 			}
+			ed.Leases = s.leasesExplained(sc.reqs[c.req : c.req+c.n])
 		}
 		if c.override != nil {
 			ed.Result = ExplainOverride
@@ -276,9 +298,53 @@ func (s *Service) explain(req *rlsv3.RateLimitRequest) *ExplainResponse {
 			if ed.Shadow {
 				ed.Why = append(ed.Why, fmt.Sprintf("rule %s is in shadow mode: decided and counted like any other, but it never causes a refusal (OK, with 0 remaining when over)", c.rule.ID))
 			}
+			ed.Why = append(ed.Why, s.leasesWhy(c.rule, ed.Leases)...)
 		}
 	}
 	return resp
+}
+
+// leasesExplained returns what this replica holds of each leased key of
+// reqs, nil when none is leased or the server does not lease.
+func (s *Service) leasesExplained(reqs []algo.Request) []*ExplainLease {
+	if s.leases == nil {
+		return nil
+	}
+	var out []*ExplainLease
+	for i := range reqs {
+		if !reqs[i].Leased {
+			continue
+		}
+		if out == nil {
+			out = make([]*ExplainLease, len(reqs))
+		}
+		st, ok := s.leases.LeaseState(reqs[i].Key)
+		if !ok {
+			st = algo.LeaseState{}
+		}
+		out[i] = &ExplainLease{Held: st.Held, EndsIn: st.Ends.String(), Rate: st.Rate, Fetching: st.Fetching}
+	}
+	return out
+}
+
+// leasesWhy says, for a rule with leased limits, where they are decided.
+func (s *Service) leasesWhy(r *config.Rule, leases []*ExplainLease) []string {
+	var why []string
+	for j, l := range r.Limits {
+		if l.Consistency != config.Leased {
+			continue
+		}
+		switch {
+		case s.leases == nil:
+			why = append(why, fmt.Sprintf("limit %d is leased, and decided exactly: this server holds every count itself (the memory backend)", j))
+		case leases != nil && leases[j] != nil && leases[j].Held > 0:
+			why = append(why, fmt.Sprintf("limit %d is leased: this replica holds %d hits of it, spent without asking the backend; the first lease ends in %s",
+				j, leases[j].Held, leases[j].EndsIn))
+		default:
+			why = append(why, fmt.Sprintf("limit %d is leased: this replica holds none of it now, so the next request asks the backend", j))
+		}
+	}
+	return why
 }
 
 func levelsExplained(steps []config.Step) []ExplainLevel {
@@ -308,6 +374,7 @@ func ruleExplained(r *config.Rule) *ExplainRule {
 			Unit:            strings.ToUpper(l.Unit.String()),
 			UnitMultiplier:  max(l.UnitMultiplier, 1),
 			Algorithm:       l.Algorithm.String(),
+			Consistency:     l.Consistency.String(),
 		}
 		if l.Algorithm.UsesBurst() {
 			el.Burst = l.Capacity()
@@ -324,6 +391,7 @@ func overrideExplained(o *rlv3.RateLimitDescriptor_RateLimitOverride) *ExplainLi
 		Unit:            strings.ToUpper(overrideUnit(o.Unit).String()),
 		UnitMultiplier:  1,
 		Algorithm:       l.Algorithm.String(),
+		Consistency:     config.Exact.String(),
 	}
 	if m := o.GetUnitMultiplier(); m != nil {
 		el.UnitMultiplier = m.Value
@@ -344,6 +412,9 @@ func limitText(l ExplainLimit) string {
 	fmt.Fprintf(&b, " (%s", l.Algorithm)
 	if l.Burst != 0 {
 		fmt.Fprintf(&b, ", burst %d", l.Burst)
+	}
+	if l.Consistency == config.Leased.String() {
+		b.WriteString(", leased")
 	}
 	b.WriteByte(')')
 	if l.Name != "" {

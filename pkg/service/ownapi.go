@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
 
@@ -153,6 +154,9 @@ func (s *Service) check(ctx context.Context, domain string, ds []*ratelimitdv1.D
 			}
 			r.Outcome = ratelimitdv1.Outcome_OUTCOME_OK
 			r.Limit = ownLimit(c, j, q.Limit)
+			if q.Leased && s.leases != nil {
+				r.Lease = ownLease(s.leases, q.Key)
+			}
 			r.Remaining = d.Remaining
 			r.ResetAfter = durationpb.New(d.ResetAfter)
 			r.Wait = durationpb.New(d.Wait)
@@ -186,8 +190,21 @@ func ownLimit(c *check, j int, l algo.Limit) *ratelimitdv1.Limit {
 			out.Burst = l.Burst
 		}
 	}
+	out.Consistency = ratelimitdv1.Consistency_CONSISTENCY_EXACT
 	if c.rule != nil {
 		out.Name = c.rule.Limits[j].Name
+		if c.rule.Limits[j].Consistency == config.Leased {
+			out.Consistency = ratelimitdv1.Consistency_CONSISTENCY_LEASED
+		}
 	}
 	return out
+}
+
+// ownLease is what this replica holds of key, or nil when nothing.
+func ownLease(leases algo.LeaseReader, key []byte) *ratelimitdv1.LeaseState {
+	st, ok := leases.LeaseState(key)
+	if !ok {
+		return nil
+	}
+	return &ratelimitdv1.LeaseState{Held: st.Held, Ends: durationpb.New(st.Ends), Rate: st.Rate, Fetching: st.Fetching}
 }

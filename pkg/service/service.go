@@ -59,6 +59,10 @@ type Options struct {
 	// Envoy to add (response_headers_to_add), and POST /json sends. Default
 	// HeadersNone: none. See [HeaderStyle].
 	ResponseHeaders HeaderStyle
+	// Leases, when set, tells what this replica holds of the counters of
+	// leased limits (the lease engine in front of the backend): Peek,
+	// Check and POST /explain show it. Nil when nothing is leased.
+	Leases algo.LeaseReader
 }
 
 // Service decides rate limits. Create it with [New]; it is safe for
@@ -85,6 +89,7 @@ type Service struct {
 	nearLimitRatio float64
 	enableReset    bool
 	headers        HeaderStyle
+	leases         algo.LeaseReader
 }
 
 // New returns a service deciding with backend under rules.
@@ -137,6 +142,7 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		nearLimitRatio: opts.NearLimitRatio,
 		enableReset:    opts.EnableReset,
 		headers:        opts.ResponseHeaders,
+		leases:         opts.Leases,
 	}
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -87,6 +87,58 @@ func (Algorithm) EnumDescriptor() ([]byte, []int) {
 	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{0}
 }
 
+// Consistency is where a limit is decided.
+type Consistency int32
+
+const (
+	Consistency_CONSISTENCY_UNSPECIFIED Consistency = 0
+	// Every decision in the backend (the default).
+	Consistency_CONSISTENCY_EXACT Consistency = 1
+	// Each replica decides in process from budget leased from the backend.
+	Consistency_CONSISTENCY_LEASED Consistency = 2
+)
+
+// Enum value maps for Consistency.
+var (
+	Consistency_name = map[int32]string{
+		0: "CONSISTENCY_UNSPECIFIED",
+		1: "CONSISTENCY_EXACT",
+		2: "CONSISTENCY_LEASED",
+	}
+	Consistency_value = map[string]int32{
+		"CONSISTENCY_UNSPECIFIED": 0,
+		"CONSISTENCY_EXACT":       1,
+		"CONSISTENCY_LEASED":      2,
+	}
+)
+
+func (x Consistency) Enum() *Consistency {
+	p := new(Consistency)
+	*p = x
+	return p
+}
+
+func (x Consistency) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Consistency) Descriptor() protoreflect.EnumDescriptor {
+	return file_ratelimitd_v1_ratelimiter_proto_enumTypes[1].Descriptor()
+}
+
+func (Consistency) Type() protoreflect.EnumType {
+	return &file_ratelimitd_v1_ratelimiter_proto_enumTypes[1]
+}
+
+func (x Consistency) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Consistency.Descriptor instead.
+func (Consistency) EnumDescriptor() ([]byte, []int) {
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{1}
+}
+
 // Outcome is what a descriptor came to.
 type Outcome int32
 
@@ -132,11 +184,11 @@ func (x Outcome) String() string {
 }
 
 func (Outcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_ratelimitd_v1_ratelimiter_proto_enumTypes[1].Descriptor()
+	return file_ratelimitd_v1_ratelimiter_proto_enumTypes[2].Descriptor()
 }
 
 func (Outcome) Type() protoreflect.EnumType {
-	return &file_ratelimitd_v1_ratelimiter_proto_enumTypes[1]
+	return &file_ratelimitd_v1_ratelimiter_proto_enumTypes[2]
 }
 
 func (x Outcome) Number() protoreflect.EnumNumber {
@@ -145,7 +197,7 @@ func (x Outcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Outcome.Descriptor instead.
 func (Outcome) EnumDescriptor() ([]byte, []int) {
-	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{1}
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{2}
 }
 
 // Entry is one key and value of a descriptor, as in Envoy's descriptors.
@@ -601,7 +653,9 @@ type Limit struct {
 	Window    *durationpb.Duration `protobuf:"bytes,3,opt,name=window,proto3" json:"window,omitempty"`
 	Algorithm Algorithm            `protobuf:"varint,4,opt,name=algorithm,proto3,enum=ratelimitd.v1.Algorithm" json:"algorithm,omitempty"`
 	// Burst is the bucket capacity of token_bucket, leaky_bucket and gcra.
-	Burst         uint64 `protobuf:"varint,5,opt,name=burst,proto3" json:"burst,omitempty"`
+	Burst uint64 `protobuf:"varint,5,opt,name=burst,proto3" json:"burst,omitempty"`
+	// Consistency is where the limit is decided (rate_limit.consistency).
+	Consistency   Consistency `protobuf:"varint,6,opt,name=consistency,proto3,enum=ratelimitd.v1.Consistency" json:"consistency,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -671,6 +725,89 @@ func (x *Limit) GetBurst() uint64 {
 	return 0
 }
 
+func (x *Limit) GetConsistency() Consistency {
+	if x != nil {
+		return x.Consistency
+	}
+	return Consistency_CONSISTENCY_UNSPECIFIED
+}
+
+// LeaseState is what the replica that answered holds of a leased limit's
+// counter: budget leased from the backend and not yet spent.
+type LeaseState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Held is the hits it may still admit without asking the backend.
+	Held uint64 `protobuf:"varint,1,opt,name=held,proto3" json:"held,omitempty"`
+	// Ends is the time until the first lease it holds ends; what is unspent
+	// then goes back to the backend.
+	Ends *durationpb.Duration `protobuf:"bytes,2,opt,name=ends,proto3" json:"ends,omitempty"`
+	// Rate is the counter's rate on this replica, in hits per second: it
+	// sizes the leases.
+	Rate float64 `protobuf:"fixed64,3,opt,name=rate,proto3" json:"rate,omitempty"`
+	// Fetching is set while a lease is being taken.
+	Fetching      bool `protobuf:"varint,4,opt,name=fetching,proto3" json:"fetching,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseState) Reset() {
+	*x = LeaseState{}
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseState) ProtoMessage() {}
+
+func (x *LeaseState) ProtoReflect() protoreflect.Message {
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseState.ProtoReflect.Descriptor instead.
+func (*LeaseState) Descriptor() ([]byte, []int) {
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *LeaseState) GetHeld() uint64 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *LeaseState) GetEnds() *durationpb.Duration {
+	if x != nil {
+		return x.Ends
+	}
+	return nil
+}
+
+func (x *LeaseState) GetRate() float64 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
+}
+
+func (x *LeaseState) GetFetching() bool {
+	if x != nil {
+		return x.Fetching
+	}
+	return false
+}
+
 type DescriptorResult struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Outcome Outcome                `protobuf:"varint,1,opt,name=outcome,proto3,enum=ratelimitd.v1.Outcome" json:"outcome,omitempty"`
@@ -691,14 +828,18 @@ type DescriptorResult struct {
 	RetryNever bool                 `protobuf:"varint,8,opt,name=retry_never,json=retryNever,proto3" json:"retry_never,omitempty"`
 	// Wait is how long an admitted hit of a leaky bucket waits for the queue
 	// ahead of it.
-	Wait          *durationpb.Duration `protobuf:"bytes,9,opt,name=wait,proto3" json:"wait,omitempty"`
+	Wait *durationpb.Duration `protobuf:"bytes,9,opt,name=wait,proto3" json:"wait,omitempty"`
+	// Lease is, for a limit with consistency LEASED, what the replica that
+	// answered holds of Limit's counter; unset when it holds nothing (and on
+	// the memory backend, which decides leased limits exactly).
+	Lease         *LeaseState `protobuf:"bytes,10,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DescriptorResult) Reset() {
 	*x = DescriptorResult{}
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[9]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +851,7 @@ func (x *DescriptorResult) String() string {
 func (*DescriptorResult) ProtoMessage() {}
 
 func (x *DescriptorResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[9]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +864,7 @@ func (x *DescriptorResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorResult.ProtoReflect.Descriptor instead.
 func (*DescriptorResult) Descriptor() ([]byte, []int) {
-	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{9}
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DescriptorResult) GetOutcome() Outcome {
@@ -789,6 +930,13 @@ func (x *DescriptorResult) GetWait() *durationpb.Duration {
 	return nil
 }
 
+func (x *DescriptorResult) GetLease() *LeaseState {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
 var File_ratelimitd_v1_ratelimiter_proto protoreflect.FileDescriptor
 
 const file_ratelimitd_v1_ratelimiter_proto_rawDesc = "" +
@@ -822,13 +970,20 @@ const file_ratelimitd_v1_ratelimiter_proto_rawDesc = "" +
 	"descriptor\"?\n" +
 	"\rResetResponse\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
-	"\bcounters\x18\x02 \x01(\rR\bcounters\"\xb8\x01\n" +
+	"\bcounters\x18\x02 \x01(\rR\bcounters\"\xf6\x01\n" +
 	"\x05Limit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\x04R\brequests\x121\n" +
 	"\x06window\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x06window\x126\n" +
 	"\talgorithm\x18\x04 \x01(\x0e2\x18.ratelimitd.v1.AlgorithmR\talgorithm\x12\x14\n" +
-	"\x05burst\x18\x05 \x01(\x04R\x05burst\"\x82\x03\n" +
+	"\x05burst\x18\x05 \x01(\x04R\x05burst\x12<\n" +
+	"\vconsistency\x18\x06 \x01(\x0e2\x1a.ratelimitd.v1.ConsistencyR\vconsistency\"\x7f\n" +
+	"\n" +
+	"LeaseState\x12\x12\n" +
+	"\x04held\x18\x01 \x01(\x04R\x04held\x12-\n" +
+	"\x04ends\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04ends\x12\x12\n" +
+	"\x04rate\x18\x03 \x01(\x01R\x04rate\x12\x1a\n" +
+	"\bfetching\x18\x04 \x01(\bR\bfetching\"\xb3\x03\n" +
 	"\x10DescriptorResult\x120\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x16.ratelimitd.v1.OutcomeR\aoutcome\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x16\n" +
@@ -841,7 +996,9 @@ const file_ratelimitd_v1_ratelimiter_proto_rawDesc = "" +
 	"retryAfter\x12\x1f\n" +
 	"\vretry_never\x18\b \x01(\bR\n" +
 	"retryNever\x12-\n" +
-	"\x04wait\x18\t \x01(\v2\x19.google.protobuf.DurationR\x04wait*\xf0\x01\n" +
+	"\x04wait\x18\t \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12/\n" +
+	"\x05lease\x18\n" +
+	" \x01(\v2\x19.ratelimitd.v1.LeaseStateR\x05lease*\xf0\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ALGORITHM_FIXED_WINDOW\x10\x01\x12 \n" +
@@ -850,7 +1007,11 @@ const file_ratelimitd_v1_ratelimiter_proto_rawDesc = "" +
 	"\x16ALGORITHM_TOKEN_BUCKET\x10\x04\x12\x1a\n" +
 	"\x16ALGORITHM_LEAKY_BUCKET\x10\x05\x12\x12\n" +
 	"\x0eALGORITHM_GCRA\x10\x06\x12\x18\n" +
-	"\x14ALGORITHM_BURST_FILL\x10\a*w\n" +
+	"\x14ALGORITHM_BURST_FILL\x10\a*Y\n" +
+	"\vConsistency\x12\x1b\n" +
+	"\x17CONSISTENCY_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11CONSISTENCY_EXACT\x10\x01\x12\x16\n" +
+	"\x12CONSISTENCY_LEASED\x10\x02*w\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -875,48 +1036,53 @@ func file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP() []byte {
 	return file_ratelimitd_v1_ratelimiter_proto_rawDescData
 }
 
-var file_ratelimitd_v1_ratelimiter_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_ratelimitd_v1_ratelimiter_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_ratelimitd_v1_ratelimiter_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_ratelimitd_v1_ratelimiter_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_ratelimitd_v1_ratelimiter_proto_goTypes = []any{
 	(Algorithm)(0),              // 0: ratelimitd.v1.Algorithm
-	(Outcome)(0),                // 1: ratelimitd.v1.Outcome
-	(*Entry)(nil),               // 2: ratelimitd.v1.Entry
-	(*Descriptor)(nil),          // 3: ratelimitd.v1.Descriptor
-	(*CheckRequest)(nil),        // 4: ratelimitd.v1.CheckRequest
-	(*CheckResponse)(nil),       // 5: ratelimitd.v1.CheckResponse
-	(*PeekRequest)(nil),         // 6: ratelimitd.v1.PeekRequest
-	(*PeekResponse)(nil),        // 7: ratelimitd.v1.PeekResponse
-	(*ResetRequest)(nil),        // 8: ratelimitd.v1.ResetRequest
-	(*ResetResponse)(nil),       // 9: ratelimitd.v1.ResetResponse
-	(*Limit)(nil),               // 10: ratelimitd.v1.Limit
-	(*DescriptorResult)(nil),    // 11: ratelimitd.v1.DescriptorResult
-	(*durationpb.Duration)(nil), // 12: google.protobuf.Duration
+	(Consistency)(0),            // 1: ratelimitd.v1.Consistency
+	(Outcome)(0),                // 2: ratelimitd.v1.Outcome
+	(*Entry)(nil),               // 3: ratelimitd.v1.Entry
+	(*Descriptor)(nil),          // 4: ratelimitd.v1.Descriptor
+	(*CheckRequest)(nil),        // 5: ratelimitd.v1.CheckRequest
+	(*CheckResponse)(nil),       // 6: ratelimitd.v1.CheckResponse
+	(*PeekRequest)(nil),         // 7: ratelimitd.v1.PeekRequest
+	(*PeekResponse)(nil),        // 8: ratelimitd.v1.PeekResponse
+	(*ResetRequest)(nil),        // 9: ratelimitd.v1.ResetRequest
+	(*ResetResponse)(nil),       // 10: ratelimitd.v1.ResetResponse
+	(*Limit)(nil),               // 11: ratelimitd.v1.Limit
+	(*LeaseState)(nil),          // 12: ratelimitd.v1.LeaseState
+	(*DescriptorResult)(nil),    // 13: ratelimitd.v1.DescriptorResult
+	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
 }
 var file_ratelimitd_v1_ratelimiter_proto_depIdxs = []int32{
-	2,  // 0: ratelimitd.v1.Descriptor.entries:type_name -> ratelimitd.v1.Entry
-	3,  // 1: ratelimitd.v1.CheckRequest.descriptors:type_name -> ratelimitd.v1.Descriptor
-	11, // 2: ratelimitd.v1.CheckResponse.results:type_name -> ratelimitd.v1.DescriptorResult
-	3,  // 3: ratelimitd.v1.PeekRequest.descriptors:type_name -> ratelimitd.v1.Descriptor
-	11, // 4: ratelimitd.v1.PeekResponse.results:type_name -> ratelimitd.v1.DescriptorResult
-	3,  // 5: ratelimitd.v1.ResetRequest.descriptor:type_name -> ratelimitd.v1.Descriptor
-	12, // 6: ratelimitd.v1.Limit.window:type_name -> google.protobuf.Duration
+	3,  // 0: ratelimitd.v1.Descriptor.entries:type_name -> ratelimitd.v1.Entry
+	4,  // 1: ratelimitd.v1.CheckRequest.descriptors:type_name -> ratelimitd.v1.Descriptor
+	13, // 2: ratelimitd.v1.CheckResponse.results:type_name -> ratelimitd.v1.DescriptorResult
+	4,  // 3: ratelimitd.v1.PeekRequest.descriptors:type_name -> ratelimitd.v1.Descriptor
+	13, // 4: ratelimitd.v1.PeekResponse.results:type_name -> ratelimitd.v1.DescriptorResult
+	4,  // 5: ratelimitd.v1.ResetRequest.descriptor:type_name -> ratelimitd.v1.Descriptor
+	14, // 6: ratelimitd.v1.Limit.window:type_name -> google.protobuf.Duration
 	0,  // 7: ratelimitd.v1.Limit.algorithm:type_name -> ratelimitd.v1.Algorithm
-	1,  // 8: ratelimitd.v1.DescriptorResult.outcome:type_name -> ratelimitd.v1.Outcome
-	10, // 9: ratelimitd.v1.DescriptorResult.limit:type_name -> ratelimitd.v1.Limit
-	12, // 10: ratelimitd.v1.DescriptorResult.reset_after:type_name -> google.protobuf.Duration
-	12, // 11: ratelimitd.v1.DescriptorResult.retry_after:type_name -> google.protobuf.Duration
-	12, // 12: ratelimitd.v1.DescriptorResult.wait:type_name -> google.protobuf.Duration
-	4,  // 13: ratelimitd.v1.RateLimiter.Check:input_type -> ratelimitd.v1.CheckRequest
-	6,  // 14: ratelimitd.v1.RateLimiter.Peek:input_type -> ratelimitd.v1.PeekRequest
-	8,  // 15: ratelimitd.v1.RateLimiter.Reset:input_type -> ratelimitd.v1.ResetRequest
-	5,  // 16: ratelimitd.v1.RateLimiter.Check:output_type -> ratelimitd.v1.CheckResponse
-	7,  // 17: ratelimitd.v1.RateLimiter.Peek:output_type -> ratelimitd.v1.PeekResponse
-	9,  // 18: ratelimitd.v1.RateLimiter.Reset:output_type -> ratelimitd.v1.ResetResponse
-	16, // [16:19] is the sub-list for method output_type
-	13, // [13:16] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	1,  // 8: ratelimitd.v1.Limit.consistency:type_name -> ratelimitd.v1.Consistency
+	14, // 9: ratelimitd.v1.LeaseState.ends:type_name -> google.protobuf.Duration
+	2,  // 10: ratelimitd.v1.DescriptorResult.outcome:type_name -> ratelimitd.v1.Outcome
+	11, // 11: ratelimitd.v1.DescriptorResult.limit:type_name -> ratelimitd.v1.Limit
+	14, // 12: ratelimitd.v1.DescriptorResult.reset_after:type_name -> google.protobuf.Duration
+	14, // 13: ratelimitd.v1.DescriptorResult.retry_after:type_name -> google.protobuf.Duration
+	14, // 14: ratelimitd.v1.DescriptorResult.wait:type_name -> google.protobuf.Duration
+	12, // 15: ratelimitd.v1.DescriptorResult.lease:type_name -> ratelimitd.v1.LeaseState
+	5,  // 16: ratelimitd.v1.RateLimiter.Check:input_type -> ratelimitd.v1.CheckRequest
+	7,  // 17: ratelimitd.v1.RateLimiter.Peek:input_type -> ratelimitd.v1.PeekRequest
+	9,  // 18: ratelimitd.v1.RateLimiter.Reset:input_type -> ratelimitd.v1.ResetRequest
+	6,  // 19: ratelimitd.v1.RateLimiter.Check:output_type -> ratelimitd.v1.CheckResponse
+	8,  // 20: ratelimitd.v1.RateLimiter.Peek:output_type -> ratelimitd.v1.PeekResponse
+	10, // 21: ratelimitd.v1.RateLimiter.Reset:output_type -> ratelimitd.v1.ResetResponse
+	19, // [19:22] is the sub-list for method output_type
+	16, // [16:19] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_ratelimitd_v1_ratelimiter_proto_init() }
@@ -929,8 +1095,8 @@ func file_ratelimitd_v1_ratelimiter_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ratelimitd_v1_ratelimiter_proto_rawDesc), len(file_ratelimitd_v1_ratelimiter_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   10,
+			NumEnums:      3,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
