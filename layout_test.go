@@ -14,7 +14,7 @@ const module = "github.com/ratelimitd/ratelimitd"
 // allowedDeps is the dependency direction of ratelimitd's packages: for each
 // package, the packages of this module it may import (non-test code).
 // cmd -> service -> config, algo, key; backends (and the over-limit cache
-// in front of them) -> algo; algo and config
+// and the lease engine in front of them) -> algo; algo and config
 // import nothing of ours. A new package must be added here.
 var allowedDeps = map[string][]string{
 	"pkg/algo":              {},
@@ -25,6 +25,7 @@ var allowedDeps = map[string][]string{
 	"pkg/backend/redis":     {"pkg/algo"},
 	"pkg/backend/overlimit": {"pkg/algo"},
 	"pkg/backend/breaker":   {"pkg/algo"},
+	"pkg/backend/lease":     {"pkg/algo"},
 	"internal/redistest":    {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
@@ -37,7 +38,7 @@ var allowedDeps = map[string][]string{
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/tlsconfig"}
+var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}
