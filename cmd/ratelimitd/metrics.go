@@ -69,7 +69,7 @@ func registerLease(reg prometheus.Registerer, e *lease.Engine) {
 		gauge("lease", "keys", "Keys of leased limits this replica tracks.", func() float64 { return float64(e.Stats().Keys) }),
 		counter("lease", "decisions_total", leaseDecisionsHelp, prometheus.Labels{"path": "local"}, stat(func(s lease.Stats) uint64 { return s.Local })),
 		counter("lease", "decisions_total", leaseDecisionsHelp, prometheus.Labels{"path": "backend"}, stat(func(s lease.Stats) uint64 { return s.Backend })),
-		counter("lease", "backend_calls_total", "Calls of the backend behind the lease engine: decisions', prefetches' and gives'. Divided by decisions, the backend calls per decision.", nil, stat(func(s lease.Stats) uint64 { return s.Calls })),
+		counter("lease", "backend_calls_total", "Backend calls that carried leased work: decisions' (with their batch's exact requests), prefetches' and gives'. Divided by ratelimitd_lease_decisions_total, the backend calls per leased decision.", nil, stat(func(s lease.Stats) uint64 { return s.Calls })),
 		counter("lease", "background_errors_total", "Prefetches and gives that failed.", nil, stat(func(s lease.Stats) uint64 { return s.Errors })),
 	)
 }

@@ -319,8 +319,10 @@ type Stats struct {
 	// Keys is the keys tracked; Held the hits held in leases, unspent.
 	Keys, Held int64
 	// Local and Backend count the leased decisions made in process and
-	// those that called the inner backend; Calls every call of it
-	// (decisions', prefetches', gives').
+	// those that called the inner backend; Calls the calls of it that
+	// carried leased work: decisions' (with the batch's exact requests),
+	// prefetches' and gives'. Batches without a leased request pass
+	// through uncounted.
 	Local, Backend, Calls uint64
 	// Takes and Taken count the leases taken and their hits (beyond the
 	// hits of the request that took them); Gives and Given the gives and

@@ -246,7 +246,6 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 		}
 	}
 	if n == 0 {
-		e.stats.calls.Add(1)
 		return e.inner.Decide(ctx, reqs, out)
 	}
 	if len(reqs) == 1 && e.decideLocal(&reqs[0], &out[0]) {
