@@ -153,19 +153,24 @@ func TestExamplesLoad(t *testing.T) {
 	for _, d := range rules.Domains() {
 		names = append(names, d.Name)
 	}
-	if want := []string{"accounts", "algorithms", "api", "auth", "messaging", "posts", "rewards"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"accounts", "algorithms", "api", "auth", "messaging", "posts", "rewards", "search"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("example domains %v, want %v", names, want)
 	}
-	// Every algorithm, and a rule with several limits, has an example.
+	// Every algorithm, a rule with several limits, and a leased limit
+	// have an example.
 	shown := map[Algorithm]bool{}
-	several := false
+	several, leased := false, false
 	for _, d := range rules.Domains() {
 		for _, r := range d.Rules() {
 			for _, l := range r.Limits {
 				shown[l.Algorithm] = true
+				leased = leased || l.Consistency == Leased
 			}
 			several = several || len(r.Limits) > 1
 		}
+	}
+	if !leased {
+		t.Error("no example rule is leased")
 	}
 	for _, a := range Algorithms() {
 		if !shown[a] {

@@ -121,7 +121,7 @@ func TestRLConfigEndpoint(t *testing.T) {
 		"messaging.key_2_value_2.user: unit=SECOND requests_per_unit=10, shadow_mode: false, algorithm: fixed_window, replaces: specific_limit (rules.yaml:33)\n",
 		`messaging.model: unit=MINUTE requests_per_unit=7, shadow_mode: false, algorithm: fixed_window, quota_mode: true, metadata: {"backend":"small"} (rules.yaml:38)` + "\n",
 		"messaging.user: unit=SECOND requests_per_unit=10, shadow_mode: false, algorithm: fixed_window, name: user_per_second; " +
-			"unit=HOUR requests_per_unit=1000, algorithm: sliding_window_counter, name: user_per_hour; " +
+			"unit=HOUR requests_per_unit=1000, algorithm: sliding_window_counter, consistency: leased, name: user_per_hour; " +
 			"unit=MINUTE requests_per_unit=50, algorithm: gcra, burst: 5, unit_multiplier: 2 (rules.yaml:42)\n",
 	} {
 		if !strings.Contains(body, want) {

@@ -79,7 +79,7 @@ descriptors:
   - key: user
     rate_limits:
       - {name: user_per_second, requests_per_unit: 10, unit: second}
-      - {name: user_per_hour, requests_per_unit: 1000, unit: hour, algorithm: sliding_window_counter}
+      - {name: user_per_hour, requests_per_unit: 1000, unit: hour, algorithm: sliding_window_counter, consistency: leased}
       - {requests_per_unit: 50, unit: minute, unit_multiplier: 2, algorithm: gcra, burst: 5}
 `
 
