@@ -46,6 +46,18 @@ var cmdMetrics = []struct {
 	{name: "ratelimitd_config_last_reload_timestamp_seconds", gauge: true},
 	{name: "ratelimitd_config_loaded_timestamp_seconds", gauge: true},
 	{name: "ratelimitd_config_info", gauge: true, labels: prometheus.Labels{"hash": "0"}},
+	{name: "ratelimitd_lease_taken_total"},
+	{name: "ratelimitd_lease_taken_hits_total"},
+	{name: "ratelimitd_lease_returned_total"},
+	{name: "ratelimitd_lease_returned_hits_total"},
+	{name: "ratelimitd_lease_expired_hits_total"},
+	{name: "ratelimitd_lease_stranded_hits_total"},
+	{name: "ratelimitd_lease_held_hits", gauge: true},
+	{name: "ratelimitd_lease_keys", gauge: true},
+	{name: "ratelimitd_lease_decisions_total", labels: prometheus.Labels{"path": "local"}},
+	{name: "ratelimitd_lease_decisions_total", labels: prometheus.Labels{"path": "backend"}},
+	{name: "ratelimitd_lease_backend_calls_total"},
+	{name: "ratelimitd_lease_background_errors_total"},
 }
 
 // exported returns the metric families ratelimitd exports, gathered from a
@@ -241,6 +253,7 @@ func TestDashboard(t *testing.T) {
 		"ratelimitd_backend_call_duration_seconds", "ratelimitd_backend_call_errors_total",
 		"ratelimitd_backend_circuit_state", "ratelimitd_failure_mode_decisions_total", "ratelimitd_local_cache_hits_total",
 		"ratelimitd_config_reloads_total", "ratelimitd_config_reload_rejections_total", "ratelimitd_panics_total",
+		"ratelimitd_lease_decisions_total", "ratelimitd_lease_backend_calls_total", "ratelimitd_lease_held_hits",
 	} {
 		if !used[name] {
 			t.Errorf("no panel queries %s", name)
