@@ -56,7 +56,7 @@ func TestLeasingIsSafeAndLive(t *testing.T) {
 	for _, a := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindowCounter, algo.TokenBucket, algo.GCRA} {
 		t.Run(a.String(), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(a)+1, 2026))
-			for run := range 80 {
+			for run := range 150 {
 				if err := newLeaseRun(rng, a).run(); err != nil {
 					t.Fatalf("run %d: %v", run, err)
 				}
