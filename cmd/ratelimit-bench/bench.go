@@ -53,7 +53,12 @@ type benchConfig struct {
 	Timeout     time.Duration // how long calls may run past the end
 	Seed        uint64
 	Procs       []proc // whose CPU time to report; the generator is added
-	CPUProfile  string // where to write the generator's CPU profile; "" for none
+	// BackendCalls, when set, reads how many decision calls the backend
+	// behind the server has run so far, such as Redis's FCALLs: the
+	// report shows how many it ran in the measured interval, and so how
+	// many decisions the server made per call.
+	BackendCalls func(context.Context) (uint64, error)
+	CPUProfile   string // where to write the generator's CPU profile; "" for none
 }
 
 // validate checks c against the bounds and fills in what follows from
@@ -386,6 +391,14 @@ func runBench(ctx context.Context, c *benchConfig) (*report, error) {
 			return nil, err
 		}
 	}
+	// The backend's count is read outside the CPU samples: reading it
+	// costs the backend too.
+	var callsBefore uint64
+	if c.BackendCalls != nil {
+		if callsBefore, err = c.BackendCalls(ctx); err != nil {
+			return nil, fmt.Errorf("the backend's calls before measuring: %w", err)
+		}
+	}
 	before, err := sampleCPU(procs)
 	if err != nil {
 		return nil, err
@@ -411,6 +424,18 @@ func runBench(ctx context.Context, c *benchConfig) (*report, error) {
 	}
 	r := newReport(c, stats, elapsed)
 	r.addCPU(procs, before, after, hz)
+	// An interrupted run reports without them: its figures are not
+	// used, and the count could not be read any more.
+	if c.BackendCalls != nil && ctx.Err() == nil {
+		callsAfter, err := c.BackendCalls(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("the backend's calls after measuring: %w", err)
+		}
+		if callsAfter < callsBefore {
+			return nil, fmt.Errorf("the backend's count of calls went back from %d to %d while measuring: was it restarted or its statistics reset (CONFIG RESETSTAT)? Run again", callsBefore, callsAfter)
+		}
+		r.addBackendCalls(callsAfter - callsBefore)
+	}
 	if hzNote != "" {
 		r.Notes = append(r.Notes, hzNote)
 	}

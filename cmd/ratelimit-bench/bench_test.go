@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"strings"
@@ -148,6 +149,47 @@ func TestClosedLoopForACount(t *testing.T) {
 	checkCounts(t, r, 1)
 	if r.Requests != 500 || r.RequestCodes.OK != 500 {
 		t.Errorf("%d requests, %d OK; want 500 each", r.Requests, r.RequestCodes.OK)
+	}
+}
+
+// TestBackendCallsAreCountedOverTheMeasurement checks that the backend's
+// count is read once before and once after the measured interval (none
+// during the warm-up's calls), and that the report divides the calls made
+// by the calls the backend ran.
+func TestBackendCallsAreCountedOverTheMeasurement(t *testing.T) {
+	addr := startServer(t)
+	c := smallConfig(addr)
+	c.Count = 200
+	c.Warmup = 50 * time.Millisecond
+	var reads []uint64
+	c.BackendCalls = func(context.Context) (uint64, error) {
+		reads = append(reads, uint64(1000+10*len(reads))) // 1000, then 1010
+		return reads[len(reads)-1], nil
+	}
+	r, err := runBench(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkCounts(t, r, 1)
+	if len(reads) != 2 {
+		t.Fatalf("the backend's count was read %d times, want 2 (before and after measuring)", len(reads))
+	}
+	if bc := r.BackendCalls; bc == nil || bc.Calls != 10 || bc.DecisionsPerCall != 20 {
+		t.Fatalf("backend calls %+v: want 10 calls, 20 decisions per call (200 requests)", bc)
+	}
+	var js bytes.Buffer
+	if err := r.writeJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js.String(), `"backend_calls": {`) || !strings.Contains(js.String(), `"decisions_per_call": 20`) {
+		t.Errorf("the JSON report lacks the backend's calls:\n%s", js.String())
+	}
+
+	// A count that cannot be read fails the run: a row without it would
+	// read as a server that needs no backend.
+	c.BackendCalls = func(context.Context) (uint64, error) { return 0, errors.New("INFO refused") }
+	if _, err := runBench(context.Background(), c); err == nil || !strings.Contains(err.Error(), "INFO refused") {
+		t.Fatalf("err %v: want the count's error", err)
 	}
 }
 

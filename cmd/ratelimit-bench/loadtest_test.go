@@ -3,150 +3,131 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
-	"time"
-
-	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-func TestScriptCallFollowsTheRules(t *testing.T) {
-	// examples/api.yaml limits user_id twice (per second and per hour):
-	// one decision is a script call over two keys.
-	lt := &loadtest{cfg: &loadtestConfig{Config: "../../examples", Domain: "api", Key: "user_id"}}
-	keys, argv, err := lt.scriptCall()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(keys) != 2 || !strings.Contains(keys[0], "__rand_int__") || keys[0] == keys[1] {
-		t.Fatalf("keys %q: want two distinct randomized keys", keys)
-	}
-	if want := 2 + algo.ScriptArgsPerRequest*len(keys); len(argv) != want {
-		t.Fatalf("%d ARGV for %d keys, want %d: %q", len(argv), len(keys), want, argv)
-	}
-	if argv[0] != "" {
-		t.Errorf("ARGV[1] = %q: want the Redis clock (empty)", argv[0])
-	}
-	lt.cfg.Domain = "nope"
-	if _, _, err := lt.scriptCall(); err == nil {
-		t.Error("an unknown domain gave a script call")
-	}
-}
-
-func TestParseBenchmarkCSV(t *testing.T) {
-	out := `"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-"EVALSHA x 1 k:__rand_int__  0","90909.09","0.041","0.016","0.039","0.079","0.111","0.287"
-`
-	r, err := parseBenchmarkCSV([]byte(out))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.rps != 90909.09 || r.p50 != 39 || r.p99 != 111 {
-		t.Fatalf("%+v", r)
-	}
-	// An older redis-benchmark prints only the rate.
-	r, err = parseBenchmarkCSV([]byte("\"test\",\"rps\"\n\"EVALSHA\",\"1000.00\"\n"))
-	if err != nil || r.rps != 1000 || r.p50 >= 0 || r.p99 >= 0 {
-		t.Fatalf("%+v, %v", r, err)
-	}
-	if _, err := parseBenchmarkCSV([]byte("ERR unknown command\n")); err == nil {
-		t.Fatal("an error message parsed")
-	}
-}
-
-func TestShellJoin(t *testing.T) {
-	got := shellJoin([]string{"redis-benchmark", "-p", "6379", "", "it's", "k:__rand_int__"})
-	if want := `redis-benchmark -p 6379 '' 'it'\''s' k:__rand_int__`; got != want {
-		t.Fatalf("got  %s\nwant %s", got, want)
-	}
-}
-
-func TestWriteTable(t *testing.T) {
-	var b bytes.Buffer
-	writeTable(&b, []scenario{
-		{Name: "a", DecisionsPerS: 12345.6, P50: 95, P99: 1500, P999: 2_500_000, ServerCPU: 12.34, RedisCPU: -1, BenchCPU: 3, Notes: []string{"n"}},
-	})
-	want := "| a | 12,346 | 95.0µs | 1.50ms | 2.50s | 12.3 | – | 3.0 |\n"
-	if !strings.Contains(b.String(), want) || !strings.Contains(b.String(), "- a: n\n") {
-		t.Fatalf("table:\n%s\nwant the row %q", b.String(), want)
-	}
-}
-
-// TestRedisStartsAndStops starts redis-server as the load test does,
-// checks that the decision script takes the benchmark's arguments, and
-// that stopping leaves no process behind.
-func TestRedisStartsAndStops(t *testing.T) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server is not in PATH")
-		}
-		t.Skip("redis-server is not in PATH (Debian: apt-get install redis-server)")
-	}
-	lt := &loadtest{
-		cfg: &loadtestConfig{RedisServer: bin, Config: "../../examples", Domain: "api", Key: "user_id"},
-		log: &bytes.Buffer{}, dir: t.TempDir(),
-	}
-	defer lt.stopAll()
-	ctx := context.Background()
-	ch, addr, err := lt.startRedis(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := goredis.NewClient(&goredis.Options{Addr: addr, Protocol: 2, DisableIdentity: true})
-	defer rdb.Close()
-	for _, via := range []string{viaScript, viaFunction} {
-		call, keys, _, err := lt.prepareCall(ctx, rdb, via)
-		if errors.Is(err, errNoFunctions) {
-			t.Logf("%s: %v", via, err)
+func TestParseScenarios(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"all", scenarioGroups},
+		{"leased", []string{groupLeased}},
+		{" leased , floors", []string{groupLeased, groupFloors}},
+		{"standard,all", scenarioGroups},
+	} {
+		got, err := parseScenarios(tc.in)
+		if err != nil {
+			t.Errorf("%q: %v", tc.in, err)
 			continue
 		}
-		if err != nil {
-			t.Fatalf("%s: %v", via, err)
-		}
-		if len(call) != 2 || !strings.EqualFold(call[0], via) || len(keys) != 2 {
-			t.Fatalf("%s: call %q, keys %q", via, call, keys)
-		}
-		if n, err := rdb.DBSize(ctx).Result(); err != nil || n != 0 {
-			t.Fatalf("%s: the check call left %d keys (%v)", via, n, err)
+		if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, slices.Sorted(slices.Values(tc.want))) {
+			t.Errorf("%q: groups %v, want %v", tc.in, keys, tc.want)
 		}
 	}
-	lt.stopAll()
-	select {
-	case <-ch.done: // the process was waited for: it is gone
-	case <-time.After(5 * time.Second):
-		t.Fatal("redis-server still runs after stopAll")
-	}
-	if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-		conn.Close()
-		t.Fatal("Redis still listens after stopAll")
+	for _, in := range []string{"", "lease", "leased,", "standard floors"} {
+		if _, err := parseScenarios(in); err == nil || !strings.Contains(err.Error(), "want all, or some of standard, redis-benchmark, leased, floors") {
+			t.Errorf("%q: err %v, want one listing the groups", in, err)
+		}
 	}
 }
 
-// TestLoadtestRules loads the load test's own rules and checks the two
-// domains limit user_id once and twice.
-func TestLoadtestRules(t *testing.T) {
-	dir := t.TempDir()
-	for name, text := range loadtestRules("user_id") {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
+// TestLoadtestFlagsRefuseBeforeStarting checks that a wrong -scenarios or
+// -zipf-s is a usage error before any process starts (the binaries named
+// do not exist: starting anything would fail otherwise).
+func TestLoadtestFlagsRefuseBeforeStarting(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-scenarios", "leasd"}, `unknown group "leasd"`},
+		{[]string{"-zipf-s", "0"}, "-zipf-s 0: want a number above 0"},
+	} {
+		var out, errOut bytes.Buffer
+		args := append([]string{"loadtest", "-ratelimitd", "/nonexistent/ratelimitd", "-duration", "1s"}, tc.args...)
+		if code := Main(context.Background(), args, &out, &errOut); code != exitUsage || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want %d and %q", tc.args, code, errOut.String(), exitUsage, tc.want)
 		}
 	}
-	for domain, limits := range map[string]int{oneLimit: 1, twoLimits: 2} {
-		lt := &loadtest{cfg: &loadtestConfig{Config: dir, Domain: domain, Key: "user_id"}}
-		keys, _, err := lt.scriptCall()
-		if err != nil {
-			t.Fatal(err)
+	var out, errOut bytes.Buffer
+	if code := Main(context.Background(), []string{"loadtest", "-h"}, &out, &errOut); code != exitOK {
+		t.Fatalf("-h: exit %d", code)
+	}
+	for _, g := range scenarioGroups {
+		if !strings.Contains(errOut.String(), "\n  "+g+": ") {
+			t.Errorf("-h does not describe the group %s:\n%s", g, errOut.String())
 		}
-		if len(keys) != limits {
-			t.Errorf("domain %s: one decision reads %d keys, want %d", domain, len(keys), limits)
+	}
+}
+
+// TestLeasedRuns checks the leased group's scenarios: Zipf keys, each
+// domain at Workers callers then at 1, closed loop, reports named apart.
+func TestLeasedRuns(t *testing.T) {
+	lt := &loadtest{cfg: &loadtestConfig{Workers: 50, Conns: 4, Keys: 10_000, ZipfS: 1.1}}
+	runs := lt.leasedRuns("ratelimitd, Redis (FCALL)", "redis", zipfExact, zipfLeased)
+	want := []struct {
+		domain  string
+		workers int
+	}{{zipfExact, 50}, {zipfExact, 1}, {zipfLeased, 50}, {zipfLeased, 1}}
+	if len(runs) != len(want) {
+		t.Fatalf("%d runs, want %d: %+v", len(runs), len(want), runs)
+	}
+	files := map[string]bool{}
+	for i, g := range runs {
+		if g.domain != want[i].domain || g.workers != want[i].workers || !g.zipf || g.rate != 0 || g.conns > g.workers {
+			t.Errorf("run %d: %+v, want domain %s at %d callers, Zipf, closed loop", i, g, want[i].domain, want[i].workers)
+		}
+		if !strings.Contains(g.name, "Zipf(1.1) over 10,000 keys") || !strings.Contains(g.name, "domain "+g.domain) {
+			t.Errorf("run %d: the name %q does not say the keys and the domain", i, g.name)
+		}
+		file := strings.Replace(g.file, "%d", "50", 1)
+		if files[file] {
+			t.Errorf("run %d: the report %s is another run's too", i, file)
+		}
+		files[file] = true
+	}
+}
+
+func TestCompareLeased(t *testing.T) {
+	row := func(name string, dps, p50, redisCPU float64) scenario {
+		return scenario{Name: name, DecisionsPerS: dps, P50: p50, RedisCPU: redisCPU, ServerCPU: 20, BenchCPU: 10, DecisionsPerCall: -1}
+	}
+	onRedis := []scenario{
+		row("exact 50", 20000, 2000, 10),
+		row("exact 1", 3000, 300, 12),
+		row("leased 50", 38000, 1000, 0.5),
+		row("leased 1", 5000, 180, 0.4),
+	}
+	onMemory := []scenario{
+		row("memory 50", 40000, 900, -1),
+		row("memory 1", 5200, 160, -1),
+	}
+	rows := compareLeased(onRedis, onMemory, 50)
+	var names []string
+	for _, r := range rows {
+		names = append(names, r.Name)
+	}
+	if want := []string{"exact 50", "leased 50", "memory 50", "exact 1", "leased 1", "memory 1"}; !slices.Equal(names, want) {
+		t.Fatalf("rows %q, want %q", names, want)
+	}
+	notes := strings.Join(rows[1].Notes, "\n")
+	for _, want := range []string{
+		"Redis CPU-µs per decision 0.05× the exact domain's (0.50 against 10.00 at 50 callers)",
+		"decisions/s 0.95× the memory backend's on the leased domain (38,000 against 40,000 at 50 callers)",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("leased row at 50 callers: notes\n%s\nwant %q", notes, want)
+		}
+	}
+	if want := "p50 1.12× the memory backend's on the leased domain (180µs against 160µs at 1 caller)"; !slices.Contains(rows[4].Notes, want) {
+		t.Errorf("leased row at 1 caller: notes %q, want %q", rows[4].Notes, want)
+	}
+	for _, i := range []int{0, 2, 3, 5} {
+		if len(rows[i].Notes) != 0 {
+			t.Errorf("%s: notes %q, want none", rows[i].Name, rows[i].Notes)
 		}
 	}
 }

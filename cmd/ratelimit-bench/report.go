@@ -43,9 +43,10 @@ type report struct {
 	Errors          map[string]uint64 `json:"errors"`           // failed calls by gRPC code
 	Unsent          uint64            `json:"unsent,omitempty"` // open loop: abandoned at the hard stop
 
-	CPU         []cpuReport `json:"cpu"`
-	Notes       []string    `json:"notes,omitempty"`
-	Interrupted bool        `json:"interrupted,omitempty"`
+	CPU          []cpuReport  `json:"cpu"`
+	BackendCalls *callsReport `json:"backend_calls,omitempty"` // when the run counted them
+	Notes        []string     `json:"notes,omitempty"`
+	Interrupted  bool         `json:"interrupted,omitempty"`
 }
 
 // latencyReport holds percentiles in microseconds.
@@ -58,6 +59,16 @@ type latencyReport struct {
 	P99   float64 `json:"p99"`
 	P999  float64 `json:"p99_9"`
 	Max   float64 `json:"max"`
+}
+
+// callsReport is how many decision calls the backend behind the server
+// ran in the measured interval (for Redis: FCALL, EVALSHA and EVAL, from
+// INFO commandstats).
+type callsReport struct {
+	Calls uint64 `json:"calls"`
+	// DecisionsPerCall is completed calls of the generator per backend
+	// call; absent when the backend ran no call.
+	DecisionsPerCall float64 `json:"decisions_per_call,omitempty"`
 }
 
 // codeCounts counts answers by RateLimitResponse code.
@@ -162,6 +173,15 @@ func (r *report) addCPU(procs []proc, before, after cpuSample, hz uint64) {
 	r.Notes = append(r.Notes, fmt.Sprintf("CPU times are user+system from /proc/PID/stat, counted in ticks of 1/%d s: each is within a tick or two", hz))
 }
 
+// addBackendCalls adds the decision calls the backend ran in the
+// measured interval.
+func (r *report) addBackendCalls(calls uint64) {
+	r.BackendCalls = &callsReport{Calls: calls}
+	if calls > 0 {
+		r.BackendCalls.DecisionsPerCall = float64(r.Requests) / float64(calls)
+	}
+}
+
 // cpuOf returns the report of the process named name, or nil.
 func (r *report) cpuOf(name string) *cpuReport {
 	for i := range r.CPU {
@@ -224,6 +244,13 @@ func (r *report) writeText(w io.Writer) error {
 	fmt.Fprintf(&b, "  %-16s %8s %7s %8s %16s %18s\n", "process", "PID", "cores", "CPU s", "CPU-µs/decision", "CPU s/100k decis.")
 	for _, c := range r.CPU {
 		fmt.Fprintf(&b, "  %-16s %8d %7.2f %8.2f %16.1f %18.2f\n", c.Name, c.PID, c.Cores, c.Seconds, c.MicrosPerDecision, c.SecondsPer100k)
+	}
+	if bc := r.BackendCalls; bc != nil {
+		per := "no call"
+		if bc.Calls > 0 {
+			per = fmt.Sprintf("%s decisions per call", num(bc.DecisionsPerCall))
+		}
+		fmt.Fprintf(&b, "\nbackend calls in the measured interval: %d (%s)\n", bc.Calls, per)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
