@@ -86,9 +86,10 @@ type Lease struct {
 	// Share caps what a take takes beyond Hits to available / Share, so
 	// that one lease never holds more than a share of what remains; 0 is 1.
 	Share uint64
-	// TTL is the longest a take's lease may be spent. For the bucket
-	// algorithms it is also how long the store counts the lease as
-	// outstanding (see [TokenBucket]).
+	// TTL is, for the bucket algorithms, how long a take's lease may be
+	// spent and the store counts it as outstanding (see [TokenBucket]).
+	// A window's lease may be spent until its window ends, whatever the
+	// TTL: its hits count there until then. A TTL of zero takes no lease.
 	TTL time.Duration
 	// Mark names, for a give, the lease its hits come from.
 	Mark int64

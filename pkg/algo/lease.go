@@ -66,7 +66,7 @@ func take(s *State, now int64, l Limit, hits uint64, ls Lease) Decision {
 		*s = orig
 		d = step(s, now, l, taken) // taken fits what remained: allowed
 		d.Mark = s.Time
-		d.Valid = micros(min(ttl, s.Time+windowMicros(l)-now))
+		d.Valid = micros(s.Time + windowMicros(l) - now) // the window's end
 	}
 	d.Taken = taken
 	return d

@@ -42,9 +42,9 @@ func LeaseCases() []LeaseCase {
 	return []LeaseCase{
 		{"a take takes a share of what remains, a give returns to its window", fw, []LeaseStep{
 			// 10 remain: min(Max 8, 10/2) = 5, the 1 hit among them; the
-			// lease is valid for its TTL, within the window.
-			take(100*ms, 1, 8, 2, 500*ms, took(5, 900*ms, 5, mark(0), 500*ms)),
-			// 5 remain: 5/2 = 2, valid until the window ends.
+			// lease is valid until the window ends, whatever its TTL.
+			take(100*ms, 1, 8, 2, 500*ms, took(5, 900*ms, 5, mark(0), 900*ms)),
+			// 5 remain: 5/2 = 2.
 			take(200*ms, 0, 8, 2, 2*sec, took(3, 800*ms, 2, mark(0), 800*ms)),
 			give(300*ms, 4, mark(0), ok(7, 700*ms)),
 			// Share 1 takes all that remains.
@@ -66,7 +66,7 @@ func LeaseCases() []LeaseCase {
 			// Window [1 s, 2 s): the stored window is the previous one; its
 			// 8 hits become 6, which weigh ceil(6 × 0.5) = 3.
 			give(1500*ms, 2, mark(0), ok(7, 500*ms)),
-			take(1500*ms, 1, 100, 1, 10*sec, took(0, 1500*ms, 7, mark(sec), 500*ms)),
+			take(1500*ms, 1, 100, 1, 100*ms, took(0, 1500*ms, 7, mark(sec), 500*ms)),
 			// Window [2 s, 3 s): 7 hits of [1 s, 2 s) become 4, weighing
 			// ceil(4 × 0.9) = 4.
 			give(2100*ms, 3, mark(sec), ok(6, 900*ms)),

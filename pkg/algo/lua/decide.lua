@@ -147,7 +147,7 @@ local function apply(l, s, hits, o, x, y, z)
   local taken, mark, valid = lease_size(hits, remaining + hits, x, y), 0, 0
   if taken > hits then
     next, allowed, remaining, reset, retry, wait = alg.step(s, now, l, taken)
-    mark, valid = next.t, min(z, next.t + l.w - now)
+    mark, valid = next.t, next.t + l.w - now -- until the window ends
   end
   return next, allowed, remaining, reset, retry, wait, taken, mark, valid
 end

@@ -39,14 +39,37 @@ func (e *Engine) Queued() int {
 	return len(e.queue)
 }
 
-// flushLoop sends the queue whenever work arrives, until Close.
+// flushWait is how long the flusher lets background work gather before
+// it sends it: a twentieth of the period, from 1 to 50 ms. A prefetch is
+// due at half a lease, with about half a period left, so the wait costs
+// nothing, and one call carries the work of every key that came due
+// meanwhile: a call costs Redis far more than an operation in it
+// (docs/leasing.md).
+func (e *Engine) flushWait() time.Duration {
+	return min(max(time.Duration(e.period)/20, time.Millisecond), 50*time.Millisecond)
+}
+
+// flushLoop sends the queue whenever work arrives, until Close: it waits
+// flushWait for more (unless a full call's worth is queued), then sends
+// all.
 func (e *Engine) flushLoop() {
 	defer e.done.Done()
+	t := time.NewTimer(time.Hour)
+	t.Stop()
 	for {
 		select {
 		case <-e.stop:
 			return
 		case <-e.kick:
+		}
+		if e.Queued() < maxBatch {
+			t.Reset(e.flushWait())
+			select {
+			case <-e.stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
 		}
 		for e.flushOnce(context.Background()) {
 		}
@@ -188,9 +211,10 @@ func (e *Engine) shardOf(key string) *shard {
 }
 
 // sweepEvery is how often the leases are swept: a quarter of the period,
-// at least 10 ms.
+// at most 250 ms (a window's leases end together; their keys' next leases
+// are prefetched at the next sweep), at least 10 ms.
 func (e *Engine) sweepEvery() time.Duration {
-	return max(time.Duration(e.period)/4, 10*time.Millisecond)
+	return min(max(time.Duration(e.period)/4, 10*time.Millisecond), 250*time.Millisecond)
 }
 
 // sweepLoop sweeps every sweepEvery until Close.
@@ -208,26 +232,35 @@ func (e *Engine) sweepLoop() {
 	}
 }
 
-// Sweep gives back the leases that end before the next sweep (so that
-// their hits return while the store still counts them) and every lease of
-// a key gone cold (no request for a period), and forgets keys that held
+// Sweep drops the leases that have ended (the store no longer counts
+// them: a window's has ended with it, a bucket's TTL has passed), gives
+// back every lease of a key gone cold (no request for a period) and what
+// a key holds beyond twice a period's traffic, and forgets keys that held
 // nothing for a TTL. The engine sweeps by itself unless Options.Manual.
 func (e *Engine) Sweep() {
 	at := e.ns(e.now())
-	horizon := at + e.sweepEvery().Nanoseconds()
 	cold := at - int64(e.period)
 	idle := at - e.ttl.Nanoseconds()
-	var gives []work
+	var gives, takes []work
 	for i := range e.shards {
 		sh := &e.shards[i]
 		sh.mu.Lock()
 		for k, en := range sh.m {
-			for _, g := range en.expire(horizon) {
-				e.stats.expired.Add(g.n)
-				gives = e.appendGive(gives, en, g.n, g.mark)
-			}
-			if en.lastUse <= cold {
+			ended := en.expire(at)
+			e.drop(ended)
+			switch {
+			case en.lastUse <= cold:
 				gives = e.retire(gives, en)
+			case !en.fetching:
+				if want := en.want(at, e.period); en.held() > 2*max(want, 1) {
+					gives = e.trim(gives, en, en.held()-want)
+				} else if ended[0].n+ended[1].n > 0 {
+					// A warm key's lease ended with its window (or its
+					// TTL): the next one, now, in the background.
+					if w, ok := e.prefetchDue(at, en); ok {
+						takes = append(takes, w)
+					}
+				}
 			}
 			if en.held() == 0 && !en.fetching && en.inflight == 0 && en.lastUse <= idle {
 				delete(sh.m, k)
@@ -237,6 +270,32 @@ func (e *Engine) Sweep() {
 		sh.mu.Unlock()
 	}
 	e.enqueue(gives)
+	e.enqueue(takes)
+}
+
+// drop forgets leases that have ended: their hits are counted as expired.
+func (e *Engine) drop(gone [2]slice) {
+	for _, g := range gone {
+		if g.n > 0 {
+			e.stats.expired.Add(g.n)
+			e.stats.held.Add(-int64(g.n))
+		}
+	}
+}
+
+// trim gives back n hits of what en holds, from its newest lease first.
+// en's shard must be locked.
+func (e *Engine) trim(gives []work, en *entry, n uint64) []work {
+	for _, s := range []*slice{&en.next, &en.cur} {
+		k := min(n, s.n)
+		if k == 0 {
+			continue
+		}
+		s.n -= k
+		n -= k
+		gives = e.appendGive(gives, en, k, s.mark)
+	}
+	return gives
 }
 
 // retire gives back every lease en holds. en's shard must be locked.
@@ -312,6 +371,7 @@ type counters struct {
 	local, backend, calls              atomic.Uint64
 	takes, taken, gives, given         atomic.Uint64
 	expired, stranded, errors, evicted atomic.Uint64
+	waits                              atomic.Uint64
 }
 
 // Stats are an engine's statistics since it started.
@@ -334,6 +394,9 @@ type Stats struct {
 	// background calls that failed; Evicted the keys forgotten to stay
 	// within MaxKeys.
 	Expired, Stranded, Errors, Evicted uint64
+	// Waits counts requests that waited for another's take of their key
+	// rather than calling the store themselves.
+	Waits uint64
 }
 
 // Stats returns the engine's statistics.
@@ -344,6 +407,7 @@ func (e *Engine) Stats() Stats {
 		Local: c.local.Load(), Backend: c.backend.Load(), Calls: c.calls.Load(),
 		Takes: c.takes.Load(), Taken: c.taken.Load(), Gives: c.gives.Load(), Given: c.given.Load(),
 		Expired: c.expired.Load(), Stranded: c.stranded.Load(), Errors: c.errors.Load(), Evicted: c.evicted.Load(),
+		Waits: c.waits.Load(),
 	}
 }
 

@@ -17,8 +17,11 @@ type entry struct {
 	cur, next slice
 	// fetching is set while a sized take is in flight: at most one per
 	// key, so that concurrent requests for a cold key do not each lease a
-	// share of the budget.
+	// share of the budget. flight, when not nil, is closed when a take
+	// that a decision is waiting on settles: other requests for the key
+	// wait for it rather than each calling the store.
 	fetching bool
+	flight   chan struct{}
 	// known is set once the store has answered for the key; shared and
 	// resetAt are what it said then: the hits it had left beyond this
 	// replica's leases, and when the limit is fully restored (ns).

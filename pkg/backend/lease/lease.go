@@ -63,8 +63,8 @@ import (
 
 // Defaults for [Options].
 const (
-	DefaultTTL     = 2 * time.Second
-	DefaultPeriod  = time.Second
+	DefaultTTL     = 40 * time.Second
+	DefaultPeriod  = 20 * time.Second
 	DefaultShare   = 8
 	DefaultTimeout = 250 * time.Millisecond
 	DefaultMaxKeys = 100_000
@@ -103,7 +103,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Manual, for tests, starts no goroutine: background work waits in a
 	// queue until [Engine.Flush] (or [Engine.Send] and [Engine.Deliver]),
-	// and leases lapse and keys go cold on [Engine.Sweep].
+	// and leases lapse and keys go cold on [Engine.Sweep]. A request then
+	// never waits for another's take (tests that run work during a call,
+	// in one goroutine, could not wake it).
 	Manual bool
 }
 
@@ -248,8 +250,24 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 	if n == 0 {
 		return e.inner.Decide(ctx, reqs, out)
 	}
-	if len(reqs) == 1 && e.decideLocal(&reqs[0], &out[0]) {
-		return nil
+	if len(reqs) == 1 {
+		if e.decideLocal(&reqs[0], &out[0]) {
+			return nil
+		}
+		// A take of the key is on its way to the store for another
+		// request: its lease may cover this one too (a hot key whose
+		// window just rolled over, or first seen by many callers at once).
+		if ch := e.inFlight(&reqs[0]); ch != nil {
+			e.stats.waits.Add(1)
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if e.decideLocal(&reqs[0], &out[0]) {
+				return nil
+			}
+		}
 	}
 	var planBuf [stackBatch]plan
 	plans := planBuf[:0]
@@ -372,6 +390,34 @@ func (e *Engine) decideLocal(r *algo.Request, out *algo.Decision) bool {
 	return true
 }
 
+// inFlight returns the channel closed when the take in flight for r's key
+// settles, or nil when none is.
+func (e *Engine) inFlight(r *algo.Request) chan struct{} {
+	if !leased(r) || r.Peek || r.Hits == 0 || e.opts.Manual {
+		return nil
+	}
+	sh := &e.shards[maphash.Bytes(e.seed, r.Key)%numShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if en := sh.m[string(r.Key)]; en != nil && en.limit == r.Limit {
+		return en.flight
+	}
+	return nil
+}
+
+// land ends the sized take p started: it wakes the requests waiting for
+// it. en's shard must be locked.
+func (p *plan) land() {
+	if !p.sized {
+		return
+	}
+	p.en.fetching = false
+	if p.en.flight != nil {
+		close(p.en.flight)
+		p.en.flight = nil
+	}
+}
+
 // reserve locks the shards of the leased requests and, for each, finds
 // its entry and reserves what its leases cover; it fills plans and
 // returns the leases that lapsed, to be given back.
@@ -384,9 +430,7 @@ func (e *Engine) reserve(at int64, reqs []algo.Request, plans []plan) []work {
 		en := e.entryOf(sh, r, at, &gives)
 		en.inflight++
 		p.en = en
-		for _, g := range en.expire(at) {
-			gives = e.appendGive(gives, en, g.n, g.mark)
-		}
+		e.drop(en.expire(at))
 		p.read = !en.known
 		// Hits reserved by earlier requests of the batch are not held.
 		if r.Peek || r.Hits == 0 {
@@ -402,6 +446,7 @@ func (e *Engine) reserve(at int64, reqs []algo.Request, plans []plan) []work {
 			p.need = r.Hits - got
 			if !en.fetching {
 				en.fetching, p.sized = true, true
+				en.flight = make(chan struct{})
 				// A period's traffic beyond this request's own hits:
 				// none for a key seen once.
 				if w := en.want(at, e.period); w > r.Hits {
@@ -422,7 +467,7 @@ func (e *Engine) entryOf(sh *shard, r *algo.Request, at int64, gives *[]work) *e
 		for _, s := range [2]slice{en.cur, en.next} {
 			*gives = e.appendGive(*gives, en, s.n, s.mark)
 		}
-		*en = entry{key: en.key, limit: r.Limit, fetching: en.fetching, inflight: en.inflight, seq: en.seq}
+		*en = entry{key: en.key, limit: r.Limit, fetching: en.fetching, flight: en.flight, inflight: en.inflight, seq: en.seq}
 	}
 	if en == nil {
 		if len(sh.m) >= e.perCap {
@@ -450,9 +495,7 @@ func (e *Engine) settle(at int64, reqs []algo.Request, plans []plan, subOut []al
 		if p.sub >= 0 {
 			d = &subOut[p.sub]
 		}
-		if p.sized {
-			en.fetching = false
-		}
+		p.land()
 		spent := admitted && !r.Peek && (d == nil || d.Allowed)
 		if !spent {
 			for _, o := range en.unreserve(&p.res) {
@@ -544,9 +587,7 @@ func (e *Engine) undo(reqs []algo.Request, plans []plan) {
 	e.lockAll(reqs, func(i int, sh *shard) {
 		p := &plans[i]
 		p.en.inflight--
-		if p.sized {
-			p.en.fetching = false
-		}
+		p.land()
 		for _, o := range p.en.unreserve(&p.res) {
 			gives = e.appendGive(gives, p.en, o.n, o.mark)
 		}

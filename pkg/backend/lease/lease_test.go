@@ -498,3 +498,80 @@ func TestConcurrentReplicas(t *testing.T) {
 		})
 	}
 }
+
+// gated is a store whose calls wait for the gate while it is shut.
+type gated struct {
+	inner algo.Backend
+	shut  atomic.Bool
+	gate  chan struct{}
+	calls atomic.Int64
+}
+
+func (g *gated) Decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
+	g.calls.Add(1)
+	if g.shut.Load() {
+		<-g.gate
+	}
+	return g.inner.Decide(ctx, reqs, out)
+}
+
+// TestOneTakeForConcurrentRequests rolls a hot key's window over and
+// sends 30 concurrent requests: one calls the store, the others wait for
+// its lease, and all are admitted from it.
+func TestOneTakeForConcurrentRequests(t *testing.T) {
+	c := newClock(epoch)
+	store := &gated{inner: newStore(t, c), gate: make(chan struct{})}
+	e, err := New(store, Options{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	l := algo.Limit{Requests: 1_000_000, Window: time.Minute}
+	c.Set(epoch.Add(59 * time.Second))
+	for range 3000 { // 3,000 per second until the window ends
+		c.Add(300 * time.Microsecond)
+		decide(t, e, leasedReq("k", l, 1))
+	}
+	// No prefetch may be on its way when the window ends.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if st, _ := e.LeaseState([]byte("k")); !st.Fetching && e.Queued() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a prefetch never landed")
+		}
+	}
+	c.Set(epoch.Add(time.Minute)) // a new window: the leases have ended
+	store.shut.Store(true)
+	before := store.calls.Load()
+	var admitted atomic.Int64
+	done := make(chan struct{})
+	for range 30 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			out := make([]algo.Decision, 1)
+			if err := e.Decide(context.Background(), []algo.Request{leasedReq("k", l, 1)}, out); err != nil {
+				t.Error(err)
+			} else if out[0].Allowed {
+				admitted.Add(1)
+			}
+		}()
+	}
+	for deadline := time.Now().Add(10 * time.Second); e.Stats().Waits < 29; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests waiting for the take in flight, want 29", e.Stats().Waits)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	store.shut.Store(false)
+	close(store.gate)
+	for range 30 {
+		<-done
+	}
+	if admitted.Load() != 30 {
+		t.Errorf("admitted %d of 30", admitted.Load())
+	}
+	if calls := store.calls.Load() - before; calls != 1 {
+		t.Errorf("30 concurrent requests made %d store calls, want 1", calls)
+	}
+}
