@@ -28,13 +28,16 @@ type loadtestConfig struct {
 	AlsoDomain     string        // a second domain measured at Workers callers; "" for none
 	Duration       time.Duration // of each scenario's measurement
 	Warmup         time.Duration // before each generator scenario
-	Workers        int           // of the concurrent scenarios
-	Conns          int
-	Keys           int
-	ZipfS          float64         // the exponent of the leased group's Zipf keys
-	Rate           float64         // of the open-loop scenario
-	Out            string          // directory for the JSON reports; "" for none
-	Groups         map[string]bool // the scenario groups to run (-scenarios)
+	// LeasedWarmup and LeasedWindow are the leased group's warm-up, and
+	// how long its Redis rows at Workers callers are measured.
+	LeasedWarmup, LeasedWindow time.Duration
+	Workers                    int // of the concurrent scenarios
+	Conns                      int
+	Keys                       int
+	ZipfS                      float64         // the exponent of the leased group's Zipf keys
+	Rate                       float64         // of the open-loop scenario
+	Out                        string          // directory for the JSON reports; "" for none
+	Groups                     map[string]bool // the scenario groups to run (-scenarios)
 }
 
 // The scenario groups, as -scenarios names them, in the order their rows
@@ -103,6 +106,8 @@ func loadtestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&c.Key, "key", "user_id", "the key of the requests' descriptor entry")
 	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "how long each scenario is measured")
 	fs.DurationVar(&c.Warmup, "warmup", time.Second, "warm-up before each generator scenario")
+	fs.DurationVar(&c.LeasedWarmup, "leased-warmup", 20*time.Second, "leased group: warm-up before each scenario, long enough for the Zipf tail's keys to be seen once (their first request always goes to Redis)")
+	fs.DurationVar(&c.LeasedWindow, "leased-duration", time.Minute, "leased group: how long the Redis rows at -workers callers are measured; a whole window of the 1-minute limit, so that its rollover, when every key's leases end, counts once")
 	fs.IntVar(&c.Workers, "workers", 50, "callers of the concurrent scenarios (and redis-benchmark's clients)")
 	fs.IntVar(&c.Conns, "conns", 4, "gRPC connections of the concurrent scenarios")
 	fs.IntVar(&c.Keys, "keys", 10_000, "distinct descriptor values, uniform or (leased group) Zipf; also redis-benchmark's key space")
@@ -372,6 +377,8 @@ type generatorRun struct {
 	rate           float64 // open loop; 0 for a closed loop
 	zipf           bool    // keys by Zipf(ZipfS), not uniformly
 	file           string
+	// duration and warmup, when set, replace the configured ones.
+	duration, warmup time.Duration
 }
 
 // standardRuns returns the scenarios every server of the load test is
@@ -412,11 +419,18 @@ func (lt *loadtest) generateAll(ctx context.Context, runs []generatorRun, addr s
 // decision calls Redis ran.
 func (lt *loadtest) generate(ctx context.Context, g generatorRun, addr string, procs []proc, rdb *goredis.Client) (scenario, error) {
 	c := lt.cfg
+	duration, warmup := c.Duration, c.Warmup
+	if g.duration > 0 {
+		duration = g.duration
+	}
+	if g.warmup > 0 {
+		warmup = g.warmup
+	}
 	bc := &benchConfig{
-		Addr: addr, Workers: g.workers, Conns: g.conns, Duration: c.Duration,
+		Addr: addr, Workers: g.workers, Conns: g.conns, Duration: duration,
 		Keys: c.Keys, Dist: "uniform", Descriptors: 1,
 		Domain: g.domain, Key: c.Key, ValuePrefix: "user-",
-		Rate: g.rate, Warmup: c.Warmup, Timeout: 5 * time.Second, Seed: 1, Procs: procs,
+		Rate: g.rate, Warmup: warmup, Timeout: 5 * time.Second, Seed: 1, Procs: procs,
 	}
 	dist := ""
 	if g.zipf {
@@ -431,7 +445,7 @@ func (lt *loadtest) generate(ctx context.Context, g generatorRun, addr string, p
 		pids = append(pids, fmt.Sprintf("%s=%d", p.Name, p.PID))
 	}
 	lt.logf("running %s for %v (+%v warm-up): ratelimit-bench -addr %s -workers %d -conns %d -keys %d%s -domain %s -key %s -rate %g -duration %v -warmup %v -pids %s",
-		g.name, c.Duration, c.Warmup, addr, g.workers, g.conns, c.Keys, dist, g.domain, c.Key, g.rate, c.Duration, c.Warmup, strings.Join(pids, ","))
+		g.name, duration, warmup, addr, g.workers, g.conns, c.Keys, dist, g.domain, c.Key, g.rate, duration, warmup, strings.Join(pids, ","))
 	r, err := runBench(ctx, bc)
 	if err != nil {
 		return scenario{}, fmt.Errorf("%s: %w", g.name, err)

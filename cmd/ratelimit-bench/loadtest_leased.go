@@ -1,6 +1,9 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // The leased group measures what consistency: leased is for: with Redis
 // behind ratelimitd, most decisions of a leased limit are made in process
@@ -21,15 +24,25 @@ func (lt *loadtest) leasedRuns(label, file string, domains ...string) []generato
 	c := lt.cfg
 	keys := fmt.Sprintf("Zipf(%g) over %s keys", c.ZipfS, num(float64(c.Keys)))
 	var runs []generatorRun
+	// The rows on Redis at Workers callers are measured over a whole
+	// window of the limit: once a minute every key's leases end with their
+	// window, and a 10 s slice would count that either not at all or six
+	// times over.
+	window := time.Duration(0)
+	if file == "redis" {
+		window = c.LeasedWindow
+	}
 	for _, d := range domains {
 		runs = append(runs,
 			generatorRun{
 				name:   fmt.Sprintf("%s: %d callers, closed loop, %s, domain %s", label, c.Workers, keys, d),
 				domain: d, workers: c.Workers, conns: c.Conns, zipf: true, file: file + "-zipf-closed-%d-" + d,
+				duration: window, warmup: c.LeasedWarmup,
 			},
 			generatorRun{
 				name:   fmt.Sprintf("%s: 1 caller, closed loop, %s, domain %s", label, keys, d),
 				domain: d, workers: 1, conns: 1, zipf: true, file: file + "-zipf-closed-1-" + d,
+				warmup: c.LeasedWarmup,
 			})
 	}
 	return runs

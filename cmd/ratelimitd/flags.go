@@ -114,7 +114,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.DurationVar(&c.breaker.Timeout, "backend-timeout", breaker.DefaultTimeout, "deadline of each backend call; past it the decision falls to the failure mode")
 	fs.IntVar(&c.breaker.Failures, "circuit-failures", breaker.DefaultFailures, "consecutive failed backend calls that open the circuit: calls then fail at once, without waiting for the backend")
 	fs.DurationVar(&c.breaker.Cooldown, "circuit-cooldown", breaker.DefaultCooldown, "how long the circuit stays open before one call probes the backend again")
-	fs.DurationVar(&c.lease.TTL, "lease-ttl", lease.DefaultTTL, "rules with consistency: leased (Redis backend): the longest a replica may spend a lease of budget before what is left goes back (docs/leasing.md)")
+	fs.DurationVar(&c.lease.TTL, "lease-ttl", lease.DefaultTTL, "rules with consistency: leased (Redis backend): how long a bucket's lease of budget may be spent (a window's lasts until its window ends), and when an idle key is forgotten (docs/leasing.md)")
 	fs.DurationVar(&c.lease.Period, "lease-period", lease.DefaultPeriod, "rules with consistency: leased: how much of a key's traffic a lease covers, at most -lease-ttl; longer leases mean fewer Redis calls and more budget held by one replica")
 	fs.Uint64Var(&c.lease.Share, "lease-share", lease.DefaultShare, "rules with consistency: leased: a lease takes at most 1/`N` of what a limit has left, so that no replica holds much of a limit that binds")
 	fs.IntVar(&c.localCacheKeys, "local-cache-keys", 0, "remember up to this many over-limit keys and refuse them locally, without calling Redis, until they may pass again; 0 turns the cache off")

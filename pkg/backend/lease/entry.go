@@ -30,9 +30,10 @@ type entry struct {
 	resetAt int64
 	// rate is the key's hits on this replica, decayed with a time constant
 	// of one period: about the hits of the last period. rateAt is when it
-	// was last decayed, lastUse the last request (ns).
+	// was last decayed, born its first request, lastUse the last (ns).
 	rate    float64
 	rateAt  int64
+	born    int64
 	lastUse int64
 	// seq numbers the slices, so that a reservation finds its own.
 	seq uint64
@@ -55,6 +56,9 @@ func (en *entry) held() uint64 { return en.cur.n + en.next.n }
 
 // observe adds hits at now to the key's rate.
 func (en *entry) observe(now int64, hits uint64, period float64) {
+	if en.rate == 0 && en.born == 0 {
+		en.born = now
+	}
 	if dt := now - en.rateAt; dt > 0 && en.rate > 0 {
 		en.rate *= math.Exp(-float64(dt) / period)
 	}
@@ -64,12 +68,19 @@ func (en *entry) observe(now int64, hits uint64, period float64) {
 }
 
 // want returns the size of the next lease: the hits the key saw in about
-// the last period, so that a lease lasts about a period. A key seen once
-// wants one hit: a cold key leases nothing beyond its own requests.
+// the last period, so that a lease lasts about a period. A key younger
+// than a period has seen only part of one: its count is scaled up to a
+// period, by at most 4, so that a key's leases reach their size within a
+// few of its requests rather than one at a time over a whole period. A
+// key seen once wants one hit: a cold key leases nothing beyond its own
+// requests.
 func (en *entry) want(now int64, period float64) uint64 {
 	r := en.rate
 	if dt := now - en.rateAt; dt > 0 {
 		r *= math.Exp(-float64(dt) / period)
+	}
+	if age := float64(now - en.born); r > 1 && age < period {
+		r *= period / max(age, period/4)
 	}
 	return uint64(math.Ceil(r - 1e-9))
 }

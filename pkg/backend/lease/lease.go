@@ -24,10 +24,12 @@
 // a lease, the next one is fetched in the background (prefetch).
 //
 // A lease ends at its deadline: the end of the window it counts in, or
-// [Options.TTL] after it was taken, whichever comes first. Hits unspent
-// when it ends, when the key goes cold (no request for a period), and on
-// [Engine.Close] are given back to the store ([algo.OpGive]); background
-// takes and gives travel together, many keys to a call.
+// for a bucket [Options.TTL] after it was taken; then the store no longer
+// counts it and it is dropped. Hits held by a key gone cold (no request for
+// a period), those beyond twice a period's traffic, and everything on
+// [Engine.Close] are given back to the store ([algo.OpGive]). Background
+// takes and gives gather for a moment and travel together, many keys to a
+// call; requests for a key whose take is in flight wait for its lease.
 //
 // # Guarantees
 //
@@ -43,9 +45,8 @@
 // in another replica's leases. A replica refuses only after the store
 // refused the missing hits; what it could have used instead is held by
 // other replicas, at most two leases of at most 1/Share of the limit
-// each, and a lease not spent goes back within TTL, or within a period
-// and a sweep once its key goes cold. docs/leasing.md derives the bound
-// and the property tests check it.
+// each, given back within a period and a sweep once their key goes cold.
+// docs/leasing.md derives the bound and the property tests check it.
 package lease
 
 import (
@@ -83,8 +84,9 @@ const stackBatch = 8
 type Options struct {
 	// Now is the clock leases are timed by. Default time.Now.
 	Now func() time.Time
-	// TTL is the longest a lease may be spent. It bounds how long budget
-	// may sit in a replica that does not spend it. Default DefaultTTL.
+	// TTL is how long a bucket's lease may be spent, and the store counts
+	// it as outstanding; a window's lease is spent until its window ends.
+	// A key that held nothing for a TTL is forgotten. Default DefaultTTL.
 	TTL time.Duration
 	// Period is how much of a key's traffic a lease covers: a lease is
 	// sized to the hits the key saw on this replica in about the last
@@ -294,7 +296,8 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 		return nil
 	}
 	subReqs = make([]algo.Request, 0, subs+len(gives))
-	// Leases that lapsed go back first, so that what the request lacks
+	// Leases set aside while reserving (a rule's limit changed, a key
+	// evicted to make room) go back first, so that what the request lacks
 	// may come from them.
 	for _, g := range gives {
 		subReqs = append(subReqs, g.req)
@@ -420,7 +423,7 @@ func (p *plan) land() {
 
 // reserve locks the shards of the leased requests and, for each, finds
 // its entry and reserves what its leases cover; it fills plans and
-// returns the leases that lapsed, to be given back.
+// returns the leases set aside, to be given back.
 func (e *Engine) reserve(at int64, reqs []algo.Request, plans []plan) []work {
 	var gives []work
 	e.lockAll(reqs, func(i int, sh *shard) {

@@ -575,3 +575,32 @@ func TestOneTakeForConcurrentRequests(t *testing.T) {
 		t.Errorf("30 concurrent requests made %d store calls, want 1", calls)
 	}
 }
+
+// TestLeaseSize sizes leases from a key's rate: nothing beyond its own
+// hits for a key seen once, a period's worth for a key seen over a period,
+// and for a young key its count so far scaled to a period, at most 4×.
+func TestLeaseSize(t *testing.T) {
+	p := float64(20 * time.Second)
+	sec := int64(time.Second)
+	var once entry
+	once.observe(5*sec, 1, p)
+	if w := once.want(5*sec, p); w != 1 {
+		t.Errorf("a key seen once wants %d, want 1", w)
+	}
+	// 10 hits in 4.5 s: younger than a quarter period, scaled by 4.
+	var young entry
+	for i := range int64(10) {
+		young.observe(sec+i*sec/2, 1, p)
+	}
+	if w := young.want(sec+9*sec/2, p); w < 36 || w > 40 {
+		t.Errorf("10 hits in 4.5 s want %d, want about 4 × 10", w)
+	}
+	// One hit a second for a minute: about 20 a period, unscaled.
+	var old entry
+	for i := range int64(60) {
+		old.observe(sec+i*sec, 1, p)
+	}
+	if w := old.want(60*sec, p); w < 18 || w > 22 {
+		t.Errorf("a key at 1/s for a minute wants %d, want about a period's 20", w)
+	}
+}
