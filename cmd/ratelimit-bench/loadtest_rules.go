@@ -52,26 +52,24 @@ descriptors:
       - requests_per_unit: 1000000
         unit: hour
 `,
-		zipfExact + ".yaml": `# written by ratelimit-bench loadtest
-domain: ` + zipfExact + `
-descriptors:
-  - key: ` + key + `
-    rate_limit:
-      requests_per_unit: 1000000
-      unit: minute
-      algorithm: fixed_window
-`,
-		zipfLeased + ".yaml": `# written by ratelimit-bench loadtest
-domain: ` + zipfLeased + `
-descriptors:
-  - key: ` + key + `
-    rate_limit:
-      requests_per_unit: 1000000
-      unit: minute
-      algorithm: fixed_window
-      consistency: leased
-`,
+		zipfExact + ".yaml":  zipfRule(zipfExact, key, "exact"),
+		zipfLeased + ".yaml": zipfRule(zipfLeased, key, "leased"),
 	}
+}
+
+// zipfRule is the rule file of a leased group's domain: a fixed window of
+// 1,000,000 per minute on key, of the given consistency.
+func zipfRule(domain, key, consistency string) string {
+	return `# written by ratelimit-bench loadtest
+domain: ` + domain + `
+descriptors:
+  - key: ` + key + `
+    rate_limit:
+      requests_per_unit: 1000000
+      unit: minute
+      algorithm: fixed_window
+      consistency: ` + consistency + `
+`
 }
 
 // writeRules writes the load test's own rules, limiting descriptors of

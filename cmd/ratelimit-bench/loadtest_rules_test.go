@@ -81,7 +81,7 @@ func TestCheckLeasedRulesRefuses(t *testing.T) {
 			f[zipfLeased+".yaml"] = strings.Replace(f[zipfLeased+".yaml"], "consistency: leased", "consistency: exact", 1)
 		}, "want leased"},
 		{"both leased", func(f map[string]string) {
-			f[zipfExact+".yaml"] = strings.Replace(f[zipfExact+".yaml"], "algorithm: fixed_window", "algorithm: fixed_window\n      consistency: leased", 1)
+			f[zipfExact+".yaml"] = strings.Replace(f[zipfExact+".yaml"], "consistency: exact", "consistency: leased", 1)
 		}, "want exact"},
 		{"different limits", func(f map[string]string) {
 			f[zipfLeased+".yaml"] = strings.Replace(f[zipfLeased+".yaml"], "requests_per_unit: 1000000", "requests_per_unit: 1000", 1)

@@ -71,27 +71,16 @@ func tokenBucketOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decisio
 		d.RetryAfter = micros(until(int64(hits), tokens, live))
 		return d
 	}
-	taken := int64(hits)
-	if o.op == OpTake {
-		taken = int64(leaseSize(hits, uint64(tokens), Lease{Max: o.max, Share: o.share}))
-	}
+	taken := o.taken(hits, uint64(tokens))
 	if taken == 0 {
 		d.Allowed = true
 		return d
 	}
-	tokens -= taken
-	lease := taken - int64(hits)
-	if lease > 0 {
-		live = live.with(now+o.ttl, lease)
-	}
+	tokens -= int64(taken)
+	live = o.hold(live, now, taken, hits)
 	keep(tokens, live)
 	d = Decision{Allowed: true, Remaining: uint64(tokens), ResetAfter: micros(until(b, tokens, live))}
-	if o.op == OpTake {
-		d.Taken = uint64(taken)
-		if lease > 0 {
-			d.Mark, d.Valid = now+o.ttl, micros(o.ttl)
-		}
-	}
+	o.report(&d, now, taken, hits)
 	return d
 }
 
@@ -282,27 +271,16 @@ func gcraOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decision {
 		d.RetryAfter = micros(retry(int64(hits)))
 		return d
 	}
-	taken := int64(hits)
-	if o.op == OpTake {
-		taken = int64(leaseSize(hits, d.Remaining, Lease{Max: o.max, Share: o.share}))
-	}
+	taken := o.taken(hits, d.Remaining)
 	if taken == 0 {
 		d.Allowed = true
 		return d
 	}
-	next := r.add(tat, r.cost(taken)) // taken fits what remained: within limit
-	lease := taken - int64(hits)
-	if lease > 0 {
-		live = live.with(now+o.ttl, lease)
-	}
+	next := r.add(tat, r.cost(int64(taken))) // taken fits what remained: within limit
+	live = o.hold(live, now, taken, hits)
 	*s = State{Time: next.us, Frac: next.f, Log: live}
 	d = Decision{Allowed: true, Remaining: remaining(next), ResetAfter: micros(reset(next, live))}
-	if o.op == OpTake {
-		d.Taken = uint64(taken)
-		if lease > 0 {
-			d.Mark, d.Valid = now+o.ttl, micros(o.ttl)
-		}
-	}
+	o.report(&d, now, taken, hits)
 	return d
 }
 

@@ -119,6 +119,35 @@ type leaseOp struct {
 	ttl, mark  int64
 }
 
+// taken returns what a bucket's request of hits takes when avail remain:
+// its hits, or for a take the lease's size.
+func (o leaseOp) taken(hits, avail uint64) uint64 {
+	if o.op == OpTake {
+		return leaseSize(hits, avail, Lease{Max: o.max, Share: o.share})
+	}
+	return hits
+}
+
+// hold returns live with the lease of a request that took taken hits for
+// its own hits: what it took beyond them, outstanding for the TTL.
+func (o leaseOp) hold(live leases, now int64, taken, hits uint64) leases {
+	if taken > hits {
+		return live.with(now+o.ttl, int64(taken-hits))
+	}
+	return live
+}
+
+// report fills the lease figures of a take's decision d.
+func (o leaseOp) report(d *Decision, now int64, taken, hits uint64) {
+	if o.op != OpTake {
+		return
+	}
+	d.Taken = taken
+	if taken > hits {
+		d.Mark, d.Valid = now+o.ttl, micros(o.ttl)
+	}
+}
+
 // leases are the leases outstanding on a bucket ([State.Log]): pairs
 // (end, hits), ordered by end. The methods never write into the receiver's
 // backing array: states may share it.

@@ -295,6 +295,25 @@ local function lease_size(hits, avail, most, share)
   return max(hits, min(most, q))
 end
 
+-- bucket_taken returns what a bucket's request of hits takes when avail
+-- remain: its hits, or for a take (o 't') the lease's size.
+local function bucket_taken(o, hits, avail, most, share)
+  if o == 't' then
+    return lease_size(hits, avail, most, share)
+  end
+  return hits
+end
+
+-- bucket_hold returns the leases live with the lease of a request that
+-- took taken hits for its own hits, its mark and its valid_us: a lease of
+-- what it took beyond its hits, outstanding for ttl.
+local function bucket_hold(live, now, ttl, taken, hits)
+  if taken > hits then
+    return lease_with(live, now + ttl, taken - hits), now + ttl, ttl
+  end
+  return live, 0, 0
+end
+
 -- bucket_state returns decode and store for a bucket's state: a string of
 -- the integer fields, then the leases outstanding, as a flat list of
 -- integers "f1 f2 ... end1 hits1 end2 hits2 ...". decode returns the

@@ -102,20 +102,14 @@ do
     if cmp(aus, af, lim_us, lim_f) > 0 then
       return s, false, remaining, reset, retry(hits), 0, 0, 0, 0
     end
-    local taken = hits
-    if o == 't' then
-      taken = lease_size(hits, remaining, most, share)
-    end
+    local taken = bucket_taken(o, hits, remaining, most, share)
     if taken == 0 then
       return s, true, remaining, reset, 0, 0, 0, 0, 0
     end
     cu, cf = cost(r, taken)
     nus, nf = add(r, tus, tf, cu, cf)
-    local lease, lmark, valid = taken - hits, 0, 0
-    if lease > 0 then
-      live = lease_with(live, now + ttl, lease)
-      lmark, valid = now + ttl, ttl
-    end
+    local lmark, valid
+    live, lmark, valid = bucket_hold(live, now, ttl, taken, hits)
     if o ~= 't' then
       taken = 0
     end

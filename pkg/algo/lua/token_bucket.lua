@@ -111,19 +111,13 @@ do
     elseif hits > tokens then
       return s, false, tokens, reset, until_(r, hits, tokens, lus, lf, b, live, now), 0, 0, 0, 0
     end
-    local taken = hits
-    if o == 't' then
-      taken = lease_size(hits, tokens, most, share)
-    end
+    local taken = bucket_taken(o, hits, tokens, most, share)
     if taken == 0 then
       return s, true, tokens, reset, 0, 0, 0, 0, 0
     end
     tokens = tokens - taken
-    local lease, lmark, valid = taken - hits, 0, 0
-    if lease > 0 then
-      live = lease_with(live, now + ttl, lease)
-      lmark, valid = now + ttl, ttl
-    end
+    local lmark, valid
+    live, lmark, valid = bucket_hold(live, now, ttl, taken, hits)
     if o ~= 't' then
       taken = 0
     end

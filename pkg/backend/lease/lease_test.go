@@ -89,6 +89,17 @@ func remaining(t *testing.T, store algo.Backend, r algo.Request) uint64 {
 	return decide(t, store, r)[0].Remaining
 }
 
+// warm sends n requests for key, one a millisecond, each followed by the
+// background work it queued: the key's leases grow to its rate.
+func warm(t *testing.T, e *Engine, c *clock, key string, l algo.Limit, n int) {
+	t.Helper()
+	for range n {
+		c.Add(time.Millisecond)
+		decide(t, e, leasedReq(key, l, 1))
+		e.Flush(context.Background())
+	}
+}
+
 // TestHotKeyDecidesLocally sends a steady stream to one key: after the
 // first lease, decisions are made in process, and what was admitted is
 // exactly what the store counted, less what the engine holds.
@@ -177,11 +188,7 @@ func TestMixedBatchAllOrNothing(t *testing.T) {
 	hot := algo.Limit{Requests: 10_000, Window: time.Minute}
 	tight := algo.Limit{Requests: 3, Window: time.Minute}
 	// Warm the leased key so that it holds a lease.
-	for range 200 {
-		c.Add(time.Millisecond)
-		decide(t, e, leasedReq("hot", hot, 1))
-		e.Flush(context.Background())
-	}
+	warm(t, e, c, "hot", hot, 200)
 	held := e.Stats().Held
 	if held == 0 {
 		t.Fatal("the warm key holds no lease")
@@ -213,11 +220,7 @@ func TestColdKeyGivesBack(t *testing.T) {
 			store := newStore(t, c)
 			e := newEngine(t, store, c, Options{})
 			l := algo.Limit{Algorithm: a, Requests: 10_000, Window: time.Hour}
-			for range 100 {
-				c.Add(time.Millisecond)
-				decide(t, e, leasedReq("k", l, 1))
-				e.Flush(context.Background())
-			}
+			warm(t, e, c, "k", l, 100)
 			if e.Stats().Held == 0 {
 				t.Fatal("nothing held")
 			}
@@ -248,11 +251,7 @@ func TestCloseGivesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := algo.Limit{Requests: 10_000, Window: time.Hour}
-	for range 100 {
-		c.Add(time.Millisecond)
-		decide(t, e, leasedReq("k", l, 1))
-		e.Flush(context.Background())
-	}
+	warm(t, e, c, "k", l, 100)
 	if e.Stats().Held == 0 {
 		t.Fatal("nothing held")
 	}
@@ -272,11 +271,7 @@ func TestStoreDown(t *testing.T) {
 	store := &counting{inner: newStore(t, c)}
 	e := newEngine(t, store, c, Options{})
 	l := algo.Limit{Requests: 100_000, Window: time.Hour}
-	for range 500 {
-		c.Add(time.Millisecond)
-		decide(t, e, leasedReq("k", l, 1))
-		e.Flush(context.Background())
-	}
+	warm(t, e, c, "k", l, 500)
 	held := uint64(e.Stats().Held)
 	store.fail.Store(true)
 	var local uint64
@@ -311,11 +306,7 @@ func TestLimitChange(t *testing.T) {
 	store := newStore(t, c)
 	e := newEngine(t, store, c, Options{})
 	old := algo.Limit{Requests: 10_000, Window: time.Hour}
-	for range 100 {
-		c.Add(time.Millisecond)
-		decide(t, e, leasedReq("k", old, 1))
-		e.Flush(context.Background())
-	}
+	warm(t, e, c, "k", old, 100)
 	now := algo.Limit{Requests: 5_000, Window: time.Hour}
 	c.Add(time.Millisecond)
 	d := decide(t, e, leasedReq("k", now, 1))[0]
