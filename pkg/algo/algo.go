@@ -51,6 +51,24 @@ type Request struct {
 	// decides Hits. A take or a give reads its arguments from Lease.
 	Op    Op
 	Lease Lease
+	// Holder names who takes, gives back or keeps a slot of a
+	// Concurrency limit.
+	Holder Holder
+}
+
+// Holder names the holder of a [Concurrency] slot: 128 random bits.
+type Holder [2]uint64
+
+// String returns the holder as 32 hexadecimal digits: its name in Redis.
+func (h Holder) String() string {
+	const hex = "0123456789abcdef"
+	var b [32]byte
+	for i, v := range h {
+		for j := range 16 {
+			b[i*16+j] = hex[v>>(60-4*j)&15]
+		}
+	}
+	return string(b[:])
 }
 
 // Op is what a [Request] does to its key's state.
@@ -71,6 +89,16 @@ const (
 	// ([Algorithm.Leasable]) take more than Hits; a take of another
 	// algorithm, a Peek, or a Lease.TTL of zero decides as OpDecide.
 	OpTake
+	// OpAcquire, OpRelease and OpRenew take, give back and keep a slot
+	// of a [Concurrency] limit for Request.Holder. An acquire is refused
+	// when every slot is held (by holders whose TTL has not ended); a
+	// holder that acquires again keeps its slot, with its TTL restarted.
+	// A release or a renew of a holder without a slot changes nothing and
+	// is allowed. [Decision.Taken] says whether the slot was taken,
+	// given back or kept.
+	OpAcquire
+	OpRelease
+	OpRenew
 	// OpGive gives back Hits hits of a lease that were not spent:
 	// Lease.Mark names the lease by its [Decision.Mark]. Hits of a window
 	// that has ended, or of a bucket lease past its TTL, are gone and give
@@ -118,6 +146,10 @@ type Decision struct {
 	// the instant the store stops counting it as outstanding; µs since the
 	// Unix epoch on the store's clock) and Valid is how long, from the
 	// store's now, it may be spent. All zero for other requests.
+	//
+	// For a [Concurrency] limit: Taken is 1 when the request took, gave
+	// back or kept a slot; Mark how many holders it found whose TTL had
+	// ended, and dropped; Valid the TTL of the slot taken or kept.
 	Taken uint64
 	Mark  int64
 	Valid time.Duration

@@ -84,6 +84,19 @@ const (
 	// State: Time is the start of the current window, Count the hits
 	// admitted in it.
 	BurstFill
+
+	// Concurrency limits how many holders keep a slot at once, rather
+	// than hits per time: Requests is the most slots held at once and
+	// Window how long a holder keeps its slot unless it renews it (the
+	// lease TTL). A slot is taken by an [OpAcquire] naming its
+	// [Request.Holder], given back by an [OpRelease] and kept by an
+	// [OpRenew]; a holder that does neither loses it when its TTL ends.
+	// It is not a rule-file algorithm (a descriptor's concurrency block
+	// makes one) and [Algorithms] does not list it.
+	//
+	// State: Log holds the holders as triples (the two halves of the
+	// holder's id, the instant its slot ends), ordered by that instant.
+	Concurrency
 )
 
 // Bounds of the exact arithmetic. Integer microseconds and counts stay
@@ -100,6 +113,11 @@ const (
 	// MaxRefill bounds the time a bucket takes to refill from empty,
 	// Burst × Window / Requests, and the longest window.
 	MaxRefill = 100 * 365 * 24 * time.Hour
+	// MaxInFlight bounds Requests of Concurrency: a decision reads every
+	// holder of its key.
+	MaxInFlight = 10_000
+	// MaxLeaseTTL bounds the Window of Concurrency, a holder's lease.
+	MaxLeaseTTL = 24 * time.Hour
 )
 
 // Algorithms returns every algorithm, in a stable order.
@@ -124,6 +142,8 @@ func (a Algorithm) String() string {
 		return "gcra"
 	case BurstFill:
 		return "burst_fill"
+	case Concurrency:
+		return "concurrency"
 	default:
 		return fmt.Sprintf("algorithm(%d)", uint8(a))
 	}
@@ -175,6 +195,14 @@ func (l Limit) Check() error {
 	}
 	switch l.Algorithm {
 	case FixedWindow, SlidingWindowCounter, BurstFill:
+		return nil
+	case Concurrency:
+		switch {
+		case l.Requests > MaxInFlight:
+			return fmt.Errorf("concurrency keeps one entry per holder; max_in_flight %d is above %d", l.Requests, MaxInFlight)
+		case l.Window < time.Millisecond || l.Window > MaxLeaseTTL:
+			return fmt.Errorf("a lease TTL of %v is not between 1ms and %v", l.Window, MaxLeaseTTL)
+		}
 		return nil
 	case SlidingWindowLog:
 		if l.Requests > MaxLog {

@@ -13,6 +13,9 @@ import (
 // Lua twins in the decision script apply them the same way.
 func Apply(s *State, now time.Time, r *Request) Decision {
 	l := r.Limit
+	if l.Algorithm == Concurrency && l.Check() == nil {
+		return concurrency(s, now.UnixMicro(), r)
+	}
 	leasable := l.Algorithm.Leasable() && l.Check() == nil
 	switch {
 	case r.Op == OpGive && leasable:
@@ -38,8 +41,12 @@ func Apply(s *State, now time.Time, r *Request) Decision {
 // Stores reports whether a backend must store the state that [Apply] left
 // for request r with decision d, once the batch is admitted: an allowed
 // request that is no peek and consumed hits, took a lease or gave hits
-// back to a limit that leases.
+// back to a limit that leases; for a Concurrency limit, one that took,
+// gave back or kept a slot.
 func Stores(r *Request, d *Decision) bool {
+	if r.Limit.Algorithm == Concurrency {
+		return d.Allowed && !r.Peek && d.Taken > 0
+	}
 	return d.Allowed && !r.Peek && (r.Hits > 0 || d.Taken > 0) && (r.Op != OpGive || r.Limit.Algorithm.Leasable())
 }
 

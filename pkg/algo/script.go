@@ -22,6 +22,7 @@ var scriptParts = []string{
 	"leaky_bucket.lua",
 	"gcra.lua",
 	"burst_fill.lua",
+	"concurrency.lua",
 	"decide.lua",
 }
 
@@ -125,6 +126,8 @@ func flagsArg(r *Request, f int) string {
 		return string(b)
 	case r.Op == OpGive:
 		return digit + " g " + strconv.FormatInt(r.Lease.Mark, 10)
+	case r.Limit.Algorithm == Concurrency && (r.Op == OpAcquire || r.Op == OpRelease || r.Op == OpRenew):
+		return digit + " " + "arn"[r.Op-OpAcquire:r.Op-OpAcquire+1] + " " + r.Holder.String()
 	}
 	return digit
 }

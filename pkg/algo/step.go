@@ -33,6 +33,8 @@ func Step(s *State, now time.Time, l Limit, hits uint64) Decision {
 		return gcra(s, t, l, hits)
 	case BurstFill:
 		return burstFill(s, t, l, hits)
+	case Concurrency:
+		return concurrency(s, t, &Request{Limit: l, Hits: hits})
 	default:
 		// Unreachable for limits built from validated rules; refusing is
 		// the safe answer for a limit nobody can evaluate.

@@ -40,8 +40,9 @@ type Step struct {
 // [algo.OpTake]): Op with the arguments in Lease.
 type LeaseStep struct {
 	Step
-	Op    algo.Op
-	Lease algo.Lease
+	Op     algo.Op
+	Lease  algo.Lease
+	Holder algo.Holder // of a concurrency op
 }
 
 // LeaseCase is a vector of lease steps on one fresh key.
@@ -58,7 +59,8 @@ type Case struct {
 	Steps []Step
 }
 
-// Run runs every case of [Cases] and [LeaseCases] against a fresh subject
+// Run runs every case of [Cases], [LeaseCases] and [ConcurrencyCases]
+// against a fresh subject
 // from newSubject, each case on its own key, one request at a time.
 func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 	t.Helper()
@@ -70,14 +72,14 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		}
 		cs = append(cs, LeaseCase{c.Name, c.Limit, steps})
 	}
-	for _, c := range append(cs, LeaseCases()...) {
+	for _, c := range append(append(cs, LeaseCases()...), ConcurrencyCases()...) {
 		t.Run(c.Limit.Algorithm.String()+"/"+c.Name, func(t *testing.T) {
 			s := newSubject(t)
 			key := []byte(fmt.Sprintf("algotest|%s|%s", c.Limit.Algorithm, c.Name))
 			reqs := []algo.Request{{Key: key, Limit: c.Limit}}
 			out := make([]algo.Decision, 1)
 			for i, st := range c.Steps {
-				reqs[0].Hits, reqs[0].Op, reqs[0].Lease = st.Hits, st.Op, st.Lease
+				reqs[0].Hits, reqs[0].Op, reqs[0].Lease, reqs[0].Holder = st.Hits, st.Op, st.Lease, st.Holder
 				if err := s.Decide(context.Background(), Epoch.Add(st.At), reqs, out); err != nil {
 					t.Fatalf("step %d (at %v, hits %d, op %d): %v", i, st.At, st.Hits, st.Op, err)
 				}

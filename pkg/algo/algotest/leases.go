@@ -12,7 +12,7 @@ func mark(d time.Duration) int64 { return Epoch.Add(d).UnixMicro() }
 // take is a step that takes a lease of hits, up to most in all, at most
 // 1/share of what remains, for ttl.
 func take(at time.Duration, hits, most, share uint64, ttl time.Duration, want algo.Decision) LeaseStep {
-	return LeaseStep{Step{at, hits, want}, algo.OpTake, algo.Lease{Max: most, Share: share, TTL: ttl}}
+	return LeaseStep{Step: Step{at, hits, want}, Op: algo.OpTake, Lease: algo.Lease{Max: most, Share: share, TTL: ttl}}
 }
 
 // decide is a step that decides hits.
@@ -22,7 +22,7 @@ func decide(at time.Duration, hits uint64, want algo.Decision) LeaseStep {
 
 // give is a step that gives hits back to the lease marked m.
 func give(at time.Duration, hits uint64, m int64, want algo.Decision) LeaseStep {
-	return LeaseStep{Step{at, hits, want}, algo.OpGive, algo.Lease{Mark: m}}
+	return LeaseStep{Step: Step{at, hits, want}, Op: algo.OpGive, Lease: algo.Lease{Mark: m}}
 }
 
 // took is the decision of a take that took taken hits, its lease marked m

@@ -107,19 +107,32 @@ local function parse_flags(flags)
   if #flags == 1 then
     return flags
   end
-  local f, o, rest = string.match(flags, '^(%d) ([tg]) (.*)$')
+  local f, o, rest = string.match(flags, '^(%d) ([tgarn]) (.*)$')
   if o == 't' then
     local most, share, ttl = string.match(rest, '^(%d+) (%d+) (%d+)$')
     return f, o, tonumber(most), tonumber(share), tonumber(ttl)
   elseif o == 'g' then
     return f, o, tonumber(string.match(rest, '^(%-?%d+)$'))
+  elseif o then
+    return f, o, rest -- a concurrency op and its holder
   end
   return flags
 end
 
 -- leases tells whether limit l's algorithm leases (algo.Leasable).
 local function leases(l)
-  return l.alg.op ~= nil or l.alg.give ~= nil
+  return not l.alg.slots and (l.alg.op ~= nil or l.alg.give ~= nil)
+end
+
+-- stores tells whether a request's state is stored once its batch is
+-- admitted (algo.Stores).
+local function stores(l, o, hits, taken, allowed, peek)
+  if not allowed or peek then
+    return false
+  elseif l.alg.slots then
+    return taken > 0
+  end
+  return (hits > 0 or taken > 0) and not (o == 'g' and not leases(l))
 end
 
 -- apply applies a request of limit l to the state s (algo.Apply): it
@@ -128,7 +141,9 @@ end
 -- nothing, and is not stored.
 local function apply(l, s, hits, o, x, y, z)
   local alg = l.alg
-  if o ~= nil and alg.op then
+  if alg.slots then
+    return alg.op(s, now, l, hits, o, x)
+  elseif o ~= nil and alg.op then
     return alg.op(s, now, l, hits, o, x, y, z, x)
   end
   if o == 'g' then
@@ -169,7 +184,7 @@ local function decide_one(argv, k, a, reply)
   local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, s, hits, o, x, y, z)
   local n = #reply
   if allowed then
-    if (hits > 0 or taken > 0) and flags ~= '2' and flags ~= '3' and not (o == 'g' and not leases(l)) then
+    if stores(l, o, hits, taken, allowed, flags == '2' or flags == '3') then
       save(k, l, next, reset, s)
     end
     reply[n + 1] = 1
@@ -223,7 +238,7 @@ local function decide_batch(argv, k, count, a, reply)
     local cur = current[key]
     local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, cur, hits, op, x, y, z)
     local peek = flags == '2' or flags == '3'
-    local r = {l, allowed and (hits > 0 or taken > 0) and not peek and not (op == 'g' and not leases(l)), start[key], nil, reset, taken, mark, valid}
+    local r = {l, stores(l, op, hits, taken, allowed, peek), start[key], nil, reset, taken, mark, valid}
     if allowed then
       current[key] = next
       r[4] = next

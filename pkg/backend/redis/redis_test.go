@@ -456,3 +456,64 @@ func TestMalformedLimitArgument(t *testing.T) {
 		}
 	}
 }
+
+// TestGoAndLuaAgreeOnSlots decides random batches of concurrency ops
+// (acquires, releases, renews by a few holders, and decisions) on two
+// keys with the memory backend and with Lua, and wants identical
+// decisions. The clock runs forward, stands still, jumps past TTLs and
+// steps back.
+func TestGoAndLuaAgreeOnSlots(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(19, 5))
+	ops := []algo.Op{algo.OpDecide, algo.OpAcquire, algo.OpAcquire, algo.OpRelease, algo.OpRenew}
+	for run := range 20 {
+		now := algotest.Epoch
+		mem := memory.New(memory.Options{Now: func() time.Time { return now }, SweepInterval: -1})
+		lua := testBackend(t, c)
+		limits := []algo.Limit{
+			{Algorithm: algo.Concurrency, Requests: rng.Uint64N(4), Window: time.Duration(1+rng.IntN(3)) * time.Second},
+			{Algorithm: algo.Concurrency, Requests: 1 + rng.Uint64N(5), Window: time.Duration(1+rng.IntN(3)) * time.Second},
+		}
+		for step := range 200 {
+			switch rng.IntN(10) {
+			case 0:
+			case 1:
+				now = now.Add(time.Duration(rng.Int64N(int64(4 * time.Second))))
+			case 2:
+				now = now.Add(-time.Duration(rng.Int64N(int64(2 * time.Second))))
+			default:
+				now = now.Add(time.Duration(rng.Int64N(int64(300 * time.Millisecond))))
+			}
+			reqs := make([]algo.Request, 1+rng.IntN(3))
+			for i := range reqs {
+				k := rng.IntN(len(limits))
+				reqs[i] = algo.Request{
+					Key:    []byte(fmt.Sprintf("slots%d", k)),
+					Limit:  limits[k],
+					Hits:   rng.Uint64N(3),
+					Op:     ops[rng.IntN(len(ops))],
+					Holder: algo.Holder{rng.Uint64N(4), rng.Uint64()},
+					Peek:   rng.IntN(10) == 0,
+				}
+				reqs[i].Holder[1] = reqs[i].Holder[0] * 7 // four holders, with both halves set
+			}
+			want := make([]algo.Decision, len(reqs))
+			got := make([]algo.Decision, len(reqs))
+			if err := mem.Decide(ctx, reqs, want); err != nil {
+				t.Fatal(err)
+			}
+			if err := lua.decide(ctx, now, reqs, got); err != nil {
+				t.Fatal(err)
+			}
+			for i := range reqs {
+				if got[i] != want[i] {
+					t.Fatalf("run %d step %d at %v, request %d of %d (%s, %+v, op %d, holder %v, %d hits, peek %v):\n Lua %s\n  Go %s",
+						run, step, now.Sub(algotest.Epoch), i, len(reqs), reqs[i].Key, reqs[i].Limit, reqs[i].Op, reqs[i].Holder, reqs[i].Hits, reqs[i].Peek,
+						algotest.Format(got[i]), algotest.Format(want[i]))
+				}
+			}
+		}
+		mem.Close()
+	}
+}
