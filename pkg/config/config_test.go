@@ -657,3 +657,26 @@ descriptors:
 		}
 	}
 }
+
+// TestConcurrency reads concurrency blocks: alone, beside a rate limit,
+// and with the default lease TTL.
+func TestConcurrency(t *testing.T) {
+	r := parse(t, `
+domain: exports
+descriptors:
+  - key: report
+    concurrency: {max_in_flight: 20, lease_ttl: 2m}
+  - key: export
+    rate_limit: {requests_per_unit: 100, unit: hour}
+    concurrency: {max_in_flight: 3}
+`)
+	d := r.Domain("exports")
+	report := d.Match(&entries{{"report", "x"}})
+	if report == nil || report.Concurrency == nil || *report.Concurrency != (Concurrency{MaxInFlight: 20, LeaseTTL: 2 * time.Minute}) || len(report.Limits) != 0 {
+		t.Fatalf("report: %+v", report)
+	}
+	export := d.Match(&entries{{"export", "x"}})
+	if export == nil || export.Concurrency == nil || *export.Concurrency != (Concurrency{MaxInFlight: 3, LeaseTTL: DefaultLeaseTTL}) || len(export.Limits) != 1 {
+		t.Fatalf("export: %+v", export)
+	}
+}

@@ -40,7 +40,7 @@ const (
 // The fields each mapping accepts, as error messages list them.
 const (
 	domainFields     = "domain, descriptors, failure_mode"
-	descriptorFields = "key, value, rate_limit, rate_limits, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
+	descriptorFields = "key, value, rate_limit, rate_limits, concurrency, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
 		"share_threshold, quota_mode, metadata"
 	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency"
 	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency"
@@ -111,7 +111,7 @@ func (p *parser) parseFile(data []byte) *Domain {
 		p.fail(root, "", "a rule file must be a mapping with domain and descriptors; found %s", describe(root))
 		return nil
 	}
-	d := &Domain{File: p.file}
+	d := &Domain{File: p.file, byID: make(map[string]*Rule)}
 	var descriptors *yaml.Node
 	for _, f := range p.mapping(root, "") {
 		switch f.name {
@@ -160,7 +160,7 @@ func (p *parser) descriptors(d *Domain, level *node, seq *yaml.Node, field strin
 
 func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field string, parent []PathElem, firsts map[pair]int) {
 	elem := PathElem{}
-	var keyNode, rateLimit, rateLimits, children, share *yaml.Node
+	var keyNode, rateLimit, rateLimits, conc, children, share *yaml.Node
 	var shadow, detailed, quota bool
 	var metadata map[string]any
 	fields := p.mapping(item, field)
@@ -179,6 +179,8 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 			rateLimit = f.val
 		case "rate_limits":
 			rateLimits = f.val
+		case "concurrency":
+			conc = f.val
 		case "descriptors":
 			children = f.val
 		case "shadow_mode":
@@ -249,12 +251,28 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 	case rateLimits != nil:
 		r = p.rateLimits(rateLimits, field+".rate_limits")
 	}
+	if conc != nil {
+		c := p.concurrency(conc, field+".concurrency")
+		switch {
+		case c == nil:
+			r = nil
+		case r != nil && r.Unlimited:
+			p.fail(fieldKey(fields, "concurrency"), field+".concurrency",
+				"a descriptor whose rate_limit is unlimited counts nothing; drop unlimited: true to limit its requests in flight, or drop concurrency")
+			r = nil
+		case r != nil:
+			r.Concurrency = c
+		case rateLimit == nil && rateLimits == nil:
+			r = &Rule{Concurrency: c} // a concurrency limit alone
+		}
+	}
 	if r != nil {
 		r.Domain, r.Path, r.File, r.Line = d.Name, path, p.file, item.Line
 		r.ID = ruleID(d.Name, path)
 		r.ShadowMode, r.DetailedMetric, r.QuotaMode, r.Metadata = shadow, detailed, quota, metadata
 		child.rule = r
 		d.rules = append(d.rules, r)
+		d.byID[r.ID] = r
 	}
 	p.descriptors(d, child, children, field+".descriptors", path)
 }

@@ -52,11 +52,17 @@ type Domain struct {
 	File  string
 	root  node
 	rules []*Rule
+	byID  map[string]*Rule
 }
 
 // Rules returns every rule of the domain in file order.
 func (d *Domain) Rules() []*Rule {
 	return append([]*Rule(nil), d.rules...)
+}
+
+// Rule returns the domain's rule with ID id, or nil.
+func (d *Domain) Rule(id string) *Rule {
+	return d.byID[id]
 }
 
 // Descriptor is the read-only view of a request descriptor that matching
@@ -71,7 +77,8 @@ type Descriptor interface {
 // matches a rule with the same key and value, then the first wildcard rule
 // (in file order) whose value is a prefix of the entry's value, then a
 // key-only rule; the descriptor matches when every entry matched, level by
-// level, and the last one reached a rule with a rate_limit. A descriptor with
+// level, and the last one reached a rule (a rate_limit, rate_limits or
+// concurrency). A descriptor with
 // more or fewer entries than the rule's nesting does not match.
 //
 // Match does not allocate.
@@ -143,8 +150,9 @@ type Rule struct {
 	// Unlimited rules admit everything without counting.
 	Unlimited bool
 	// RequestsPerUnit, Unit and UnitMultiplier are the limit as written,
-	// and Window is Unit × UnitMultiplier. All zero for unlimited rules.
-	// For a rule with several limits they are the first one's.
+	// and Window is Unit × UnitMultiplier. All zero for unlimited rules
+	// and for a concurrency limit alone. For a rule with several limits
+	// they are the first one's.
 	RequestsPerUnit uint32
 	Unit            Unit
 	UnitMultiplier  uint32
@@ -158,8 +166,14 @@ type Rule struct {
 	// rate_limit, or each entry of rate_limits. Limits[0] repeats the
 	// fields above. A request matching the rule is counted against every
 	// limit at once, and refused when any of them refuses. Nil for
-	// unlimited rules; never empty otherwise.
+	// unlimited rules and for a concurrency limit alone; never empty
+	// otherwise.
 	Limits []Limit
+
+	// Concurrency limits the rule's requests in flight at once, counted
+	// by slots the own API's Acquire takes and Release gives back; nil for
+	// none. A rule may have one beside its limits, or instead of them.
+	Concurrency *Concurrency
 
 	// ShadowMode rules are decided and counted but never refuse.
 	ShadowMode bool
