@@ -46,10 +46,11 @@ func windowOf(w time.Duration) window {
 	return window{false, w.Microseconds()}
 }
 
-// same reports whether a and b name the same counter.
+// same reports whether a and b name the same counter. A concurrency
+// limit's window is its lease TTL, which does not name its counter.
 func (c counter) same(o counter) bool {
-	return c.Domain == o.Domain && slices.Equal(c.Entries, o.Entries) &&
-		c.Algorithm == o.Algorithm && windowOf(c.Window) == windowOf(o.Window)
+	return c.Domain == o.Domain && slices.Equal(c.Entries, o.Entries) && c.Algorithm == o.Algorithm &&
+		(c.Algorithm == algo.Concurrency || windowOf(c.Window) == windowOf(o.Window))
 }
 
 // fuzzCounter builds a counter from fuzz inputs. Its strings (the domain,

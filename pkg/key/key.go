@@ -8,10 +8,14 @@
 // leaves the unit out.) Every string is length-prefixed, so no byte needs
 // escaping, and the result stays readable in redis-cli:
 //
-//	key    = domain entry* "|" algorithm "/" window
+//	key    = domain entry* "|" algorithm ["/" window]
 //	domain = len ":" bytes
 //	entry  = ("=" | "*") len ":" bytes len ":" bytes
 //	window = seconds "s" | microseconds "us"
+//
+// A concurrency limit's key has no window: its lease TTL says how long a
+// slot is held, not which counter holds it, so a new TTL keeps the slots
+// already held.
 //
 // An entry starting with "=" carries the descriptor's value; one starting
 // with "*" carries the wildcard pattern of a rule with share_threshold, which
@@ -57,6 +61,9 @@ func AppendShared(dst []byte, k, pattern string) []byte {
 func AppendLimit(dst []byte, l algo.Limit) []byte {
 	dst = append(dst, '|')
 	dst = append(dst, l.Algorithm.String()...)
+	if l.Algorithm == algo.Concurrency {
+		return dst
+	}
 	dst = append(dst, '/')
 	if l.Window%time.Second == 0 {
 		dst = strconv.AppendInt(dst, int64(l.Window/time.Second), 10)

@@ -92,6 +92,11 @@ func TestEncodingIsReadable(t *testing.T) {
 	if want := "1:d*4:path8:/files/*|fixed_window/1500000us"; got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
+	// A concurrency limit's TTL is no part of its key.
+	got = encode(descriptor{Domain: "d", Entries: []entry{{K: "export"}}}, algo.Limit{Algorithm: algo.Concurrency, Requests: 20, Window: 30 * time.Second})
+	if want := "1:d=6:export0:|concurrency"; got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
 }
 
 func TestDistinctDescriptorsNeverCollide(t *testing.T) {

@@ -14,6 +14,10 @@
 // back from it, so the remembered instants err early: a clock that differs
 // from the store's (Redis reads its own) shifts nothing.
 //
+// Concurrency slots (a request whose Op is not [algo.OpDecide]) are never
+// remembered nor answered: a slot given back frees it before any refusal's
+// RetryAfter says.
+//
 // A refusal of a request whose key already appeared earlier in the same
 // batch is not remembered: the inner backend decided it on top of the
 // earlier request's hits, which a refused batch never consumes.
@@ -182,7 +186,7 @@ func (c *Cache) answer(now int64, reqs []algo.Request, out []algo.Decision) bool
 	for i := range reqs {
 		r := &reqs[i]
 		e, ok := c.m[string(r.Key)]
-		if !ok {
+		if !ok || r.Op != algo.OpDecide {
 			return false
 		}
 		if now >= e.admissible {
@@ -210,7 +214,9 @@ func (c *Cache) learn(now int64, reqs []algo.Request, out []algo.Decision) {
 	for i := range reqs {
 		r, d := &reqs[i], &out[i]
 		switch {
-		case r.Hits == 0:
+		case r.Hits == 0, r.Op != algo.OpDecide:
+			// Nothing counted, or a slot: one given back frees it sooner
+			// than any refusal can tell.
 		case d.Allowed:
 			delete(c.m, string(r.Key))
 		case d.RetryAfter > 0 && d.RetryAfter != algo.Never && !seenBefore(reqs, i):

@@ -149,6 +149,35 @@ func TestFixedWindowAnsweredLocally(t *testing.T) {
 	}
 }
 
+// A refused acquire of a concurrency slot is not remembered: a holder
+// may give its slot back at any moment, long before the refusal's
+// RetryAfter (the first holder's TTL).
+func TestSlotsAreNeverCached(t *testing.T) {
+	f := newFixture(t, 100)
+	one := algo.Limit{Algorithm: algo.Concurrency, Requests: 1, Window: time.Minute}
+	slot := func(op algo.Op, h uint64) algo.Request {
+		return algo.Request{Key: []byte("k"), Limit: one, Hits: 1, Op: op, Holder: algo.Holder{h, h}}
+	}
+	if d, _ := f.call(t, slot(algo.OpAcquire, 1)); !d[0].Allowed || d[0].Taken != 1 {
+		t.Fatalf("first acquire: %+v", d[0])
+	}
+	for range 2 {
+		d, called := f.call(t, slot(algo.OpAcquire, 2))
+		if d[0].Allowed || !called || d[0].RetryAfter != time.Minute {
+			t.Fatalf("acquire of a held slot: %+v, inner called %v", d[0], called)
+		}
+	}
+	if f.cache.Len() != 0 {
+		t.Errorf("Len = %d after refused acquires, want 0", f.cache.Len())
+	}
+	if d, _ := f.call(t, slot(algo.OpRelease, 1)); d[0].Taken != 1 {
+		t.Fatalf("release: %+v", d[0])
+	}
+	if d, called := f.call(t, slot(algo.OpAcquire, 2)); !d[0].Allowed || !called {
+		t.Fatalf("acquire after the release: %+v, inner called %v", d[0], called)
+	}
+}
+
 func TestTokenBucketMoreHitsLocalFewerHitsInner(t *testing.T) {
 	f := newFixture(t, 100)
 	// 10 tokens, one back per second.
