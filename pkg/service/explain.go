@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -32,11 +33,16 @@ const (
 	ExplainReplaced = "replaced"
 	// ExplainUnlimited: an unlimited rule applies; admitted, not counted.
 	ExplainUnlimited = "unlimited"
+	// ExplainConcurrency: a rule with a concurrency limit alone applies:
+	// Acquire takes one of its slots; ShouldRateLimit, Check and Peek
+	// answer the descriptor OK without a limit, as for no match.
+	ExplainConcurrency = "concurrency"
 )
 
 // ExplainResponse is the body of a 200 answer of POST /explain: for a
 // RateLimitRequest, how each descriptor would be decided, without deciding
-// it. Nothing is counted and the backend is not called.
+// it. Nothing is counted; the backend is called only to read how many
+// slots of a concurrency limit are held, with a read that stores nothing.
 type ExplainResponse struct {
 	// Domain is the request's domain; DomainKnown whether a rule file
 	// defines it, and DomainFile which one.
@@ -60,8 +66,8 @@ type ExplainResponse struct {
 type ExplainDescriptor struct {
 	// Entries are the descriptor's entries, as sent.
 	Entries []ExplainEntry `json:"entries"`
-	// Result is one of "matched", "no_match", "override", "replaced" or
-	// "unlimited"; see the Explain* constants.
+	// Result is one of "matched", "no_match", "override", "replaced",
+	// "unlimited" or "concurrency"; see the Explain* constants.
 	Result string `json:"result"`
 	// NoMatchReason says, for result "no_match", why no rule applies:
 	// "unknown_domain", "entry_unmatched" (an entry matched nothing at its
@@ -93,11 +99,23 @@ type ExplainDescriptor struct {
 	// for the others), what this replica holds of it now; omitted when no
 	// limit of the descriptor is leased or the server does not lease.
 	Leases []*ExplainLease `json:"leases,omitempty"`
+	// Slots is, for a rule with a concurrency limit, its slots now.
+	Slots *ExplainSlots `json:"slots,omitempty"`
 	// Levels is the walk down the domain's rules, one level per entry
 	// walked; empty for an override or an unknown domain.
 	Levels []ExplainLevel `json:"levels,omitempty"`
 	// Why says all of the above in sentences, for people.
 	Why []string `json:"why"`
+}
+
+// ExplainSlots is a concurrency limit's slots, as the backend holds them.
+type ExplainSlots struct {
+	// Key is the counter key of the slots (see ExplainDescriptor.Keys).
+	Key string `json:"key"`
+	// Holders is how many slots are held now, by leases whose TTL has not
+	// ended; nil when the backend could not be read, and Error says why.
+	Holders *uint64 `json:"holders,omitempty"`
+	Error   string  `json:"error,omitempty"`
 }
 
 // ExplainEntry is one entry of a descriptor.
@@ -146,6 +164,15 @@ type ExplainRule struct {
 	Replaces   []string `json:"replaces,omitempty"`
 	// Limits are the rule's limits; none for an unlimited rule.
 	Limits []ExplainLimit `json:"limits,omitempty"`
+	// Concurrency is the rule's concurrency limit, if any.
+	Concurrency *ExplainConcurrencyLimit `json:"concurrency,omitempty"`
+}
+
+// ExplainConcurrencyLimit is a rule's concurrency block.
+type ExplainConcurrencyLimit struct {
+	MaxInFlight uint32 `json:"maxInFlight"`
+	// LeaseTTL is a Go duration ("30s").
+	LeaseTTL string `json:"leaseTTL"`
 }
 
 // ExplainLimit is one limit.
@@ -183,8 +210,9 @@ type ExplainLease struct {
 // [ExplainResponse]: for each descriptor, the rule it matches and why,
 // whether another rule replaces it, and the counter keys it would use.
 //
-// It decides nothing: the backend, the fallback and the observer are not
-// called, so nothing is counted.
+// It decides nothing: the fallback and the observer are not called, and
+// the backend only to read the holders of concurrency limits (stored
+// nothing), so nothing is counted.
 func (s *Service) serveExplain(w http.ResponseWriter, r *http.Request) {
 	req, ok := readRLSRequest(w, r)
 	if !ok {
@@ -194,7 +222,7 @@ func (s *Service) serveExplain(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	out, err := json.Marshal(s.explain(req))
+	out, err := json.Marshal(s.explain(r.Context(), req))
 	if err != nil {
 		writeJSONError(w, http.StatusInternalServerError, "encoding the response: "+err.Error())
 		return
@@ -204,9 +232,10 @@ func (s *Service) serveExplain(w http.ResponseWriter, r *http.Request) {
 }
 
 // explain explains req, a request within the bounds, under the rules in
-// force. It plans the request exactly as ShouldRateLimit does (plan), so
-// the results and keys are the ones a decision would use, and stops there.
-func (s *Service) explain(req *rlsv3.RateLimitRequest) *ExplainResponse {
+// force. It plans the request exactly as Acquire does (planSlots), so the
+// results and keys are the ones a decision would use, reads the holders
+// of its concurrency limits, and stops there.
+func (s *Service) explain(ctx context.Context, req *rlsv3.RateLimitRequest) *ExplainResponse {
 	rules := s.rules.Load()
 	resp := &ExplainResponse{
 		Domain:      req.Domain,
@@ -240,10 +269,11 @@ func (s *Service) explain(req *rlsv3.RateLimitRequest) *ExplainResponse {
 	mode, from := s.failureModeOf(dom)
 	resp.FailureMode, resp.FailureModeFrom = string(mode), from
 
-	// The same plan as ShouldRateLimit's, on a scratch of its own, which
-	// is dropped unused by any backend.
+	// The same plan as Acquire's, on a scratch of its own; only its slots
+	// reach the backend, as reads.
 	sc := &scratch{checks: make([]check, len(req.Descriptors))}
-	plan(sc, dom, req)
+	planSlots(sc, dom, req, true, algo.Holder{})
+	s.slotsExplained(ctx, sc, resp)
 
 	for i, d := range req.Descriptors {
 		ed := &resp.Descriptors[i]
@@ -284,8 +314,15 @@ func (s *Service) explain(req *rlsv3.RateLimitRequest) *ExplainResponse {
 					c.rule.ID, by.ID, by.File, by.Line, j, name))
 			}
 		case counted:
-			ed.Result = ExplainMatched
 			ed.Shadow = c.rule.ShadowMode
+			if c.n == 0 {
+				ed.Result = ExplainConcurrency
+				ed.Why = append(ed.Why, fmt.Sprintf("rule %s limits only requests in flight: Acquire takes one of its slots; ShouldRateLimit, Check and Peek answer OK without a limit, having no way to give a slot back",
+					c.rule.ID))
+				ed.Why = append(ed.Why, slotsWhy(c.rule, ed.Slots)...)
+				break
+			}
+			ed.Result = ExplainMatched
 			limits := make([]string, len(ed.Rule.Limits))
 			for j, l := range ed.Rule.Limits {
 				limits[j] = limitText(l)
@@ -299,9 +336,62 @@ func (s *Service) explain(req *rlsv3.RateLimitRequest) *ExplainResponse {
 				ed.Why = append(ed.Why, fmt.Sprintf("rule %s is in shadow mode: decided and counted like any other, but it never causes a refusal (OK, with 0 remaining when over)", c.rule.ID))
 			}
 			ed.Why = append(ed.Why, s.leasesWhy(c.rule, ed.Leases)...)
+			if c.slot >= 0 {
+				ed.Why = append(ed.Why, fmt.Sprintf("rule %s also limits requests in flight: Acquire takes one of its slots with the count; ShouldRateLimit, Check and Peek decide its rate limits only", c.rule.ID))
+				ed.Why = append(ed.Why, slotsWhy(c.rule, ed.Slots)...)
+			}
 		}
 	}
 	return resp
+}
+
+// slotsExplained reads, in one backend call that stores nothing, the
+// holders of every concurrency limit planned in sc, and sets each
+// descriptor's Slots.
+func (s *Service) slotsExplained(ctx context.Context, sc *scratch, resp *ExplainResponse) {
+	var reqs []algo.Request
+	for i := range sc.checks {
+		if c := &sc.checks[i]; c.slot >= 0 {
+			q := sc.reqs[c.slot]
+			q.Op, q.Hits, q.Peek, q.Holder = algo.OpDecide, 0, true, algo.Holder{}
+			reqs = append(reqs, q)
+		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	out := make([]algo.Decision, len(reqs))
+	err := s.backend.Decide(ctx, reqs, out)
+	k := 0
+	for i := range sc.checks {
+		c := &sc.checks[i]
+		if c.slot < 0 {
+			continue
+		}
+		es := &ExplainSlots{Key: printableKey(reqs[k].Key)}
+		if err != nil {
+			es.Error = "reading the backend: " + err.Error()
+		} else {
+			held := reqs[k].Limit.Requests - min(out[k].Remaining, reqs[k].Limit.Requests)
+			es.Holders = &held
+		}
+		resp.Descriptors[i].Slots = es
+		k++
+	}
+}
+
+// slotsWhy says what a concurrency limit holds now.
+func slotsWhy(r *config.Rule, es *ExplainSlots) []string {
+	c := r.Concurrency
+	why := fmt.Sprintf("at most %d in flight, each slot held until Release or for %v unless renewed", c.MaxInFlight, c.LeaseTTL)
+	switch {
+	case es == nil:
+	case es.Holders == nil:
+		why += "; how many are held now is unknown (" + es.Error + ")"
+	default:
+		why += fmt.Sprintf("; %d held now", *es.Holders)
+	}
+	return []string{why}
 }
 
 // leasesExplained returns what this replica holds of each leased key of
@@ -366,6 +456,9 @@ func ruleExplained(r *config.Rule) *ExplainRule {
 	er := &ExplainRule{
 		ID: r.ID, Name: r.Name, File: r.File, Line: r.Line,
 		Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, Replaces: r.Replaces,
+	}
+	if c := r.Concurrency; c != nil {
+		er.Concurrency = &ExplainConcurrencyLimit{MaxInFlight: c.MaxInFlight, LeaseTTL: c.LeaseTTL.String()}
 	}
 	for _, l := range r.Limits {
 		el := ExplainLimit{

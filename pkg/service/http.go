@@ -158,6 +158,12 @@ func writeRule(w io.Writer, r *config.Rule) {
 			fmt.Fprintf(w, ", name: %s", l.Name)
 		}
 	}
+	if c := r.Concurrency; c != nil {
+		if len(r.Limits) == 0 {
+			fmt.Fprintf(w, "%s: shadow_mode: %t", r.ID, r.ShadowMode)
+		}
+		fmt.Fprintf(w, ", concurrency: max_in_flight=%d lease_ttl=%v", c.MaxInFlight, c.LeaseTTL)
+	}
 	if len(r.Replaces) > 0 {
 		fmt.Fprintf(w, ", replaces: %s", strings.Join(r.Replaces, " "))
 	}

@@ -113,13 +113,9 @@ func (s *Service) check(ctx context.Context, domain string, ds []*ratelimitdv1.D
 	if err := s.bounds.check(req); err != nil {
 		return false, nil, err.status()
 	}
-	results := make([]*ratelimitdv1.DescriptorResult, len(req.Descriptors))
 	dom := s.rules.Load().Domain(req.Domain)
 	if dom == nil {
-		for i := range results {
-			results[i] = &ratelimitdv1.DescriptorResult{Outcome: ratelimitdv1.Outcome_OUTCOME_NO_LIMIT}
-		}
-		return true, results, nil
+		return true, noLimits(len(req.Descriptors)), nil
 	}
 	sc := s.getScratch(len(req.Descriptors))
 	defer s.putScratch(sc)
@@ -131,7 +127,16 @@ func (s *Service) check(ctx context.Context, domain string, ds []*ratelimitdv1.D
 	if err != nil {
 		return false, nil, err
 	}
-	observe := s.observer != nil && !peek && known
+	allowed, results := s.ownResults(req, sc, s.observer != nil && !peek && known)
+	return allowed, results, nil
+}
+
+// ownResults describes a decided request in the own API's terms, telling
+// the observer of each descriptor's outcome when observe is set. A
+// descriptor is described by its most restrictive limit or, when its
+// concurrency slot was refused or it has no other limit, by its slot.
+func (s *Service) ownResults(req *rlsv3.RateLimitRequest, sc *scratch, observe bool) (bool, []*ratelimitdv1.DescriptorResult) {
+	results := make([]*ratelimitdv1.DescriptorResult, len(req.Descriptors))
 	allowed := true
 	for i := range sc.checks {
 		c := &sc.checks[i]
@@ -147,16 +152,31 @@ func (s *Service) check(ctx context.Context, domain string, ds []*ratelimitdv1.D
 				s.observer.Decided(req.Domain, c.rule, req.Descriptors[i], OutcomeUnlimited, hitsOf(req, req.Descriptors[i]))
 			}
 		case counted:
-			j := mostRestrictive(sc.decisions[c.req : c.req+c.n])
-			d, q := &sc.decisions[c.req+j], &sc.reqs[c.req+j]
-			if observe {
-				s.observer.Decided(req.Domain, c.rule, req.Descriptors[i], s.outcome(c, d, q.Limit), q.Hits)
+			var d *algo.Decision
+			if c.n > 0 {
+				j := mostRestrictive(sc.decisions[c.req : c.req+c.n])
+				q := &sc.reqs[c.req+j]
+				d = &sc.decisions[c.req+j]
+				if observe {
+					s.observer.Decided(req.Domain, c.rule, req.Descriptors[i], s.outcome(c, d, q.Limit), q.Hits)
+				}
+				r.Limit = ownLimit(c, j, q.Limit)
+				if q.Leased && s.leases != nil {
+					r.Lease = ownLease(s.leases, q.Key)
+				}
+			}
+			if c.slot >= 0 {
+				q, sd := &sc.reqs[c.slot], &sc.decisions[c.slot]
+				r.Concurrency = &ratelimitdv1.ConcurrencyState{
+					InFlight:    q.Limit.Requests - min(sd.Remaining, q.Limit.Requests),
+					MaxInFlight: q.Limit.Requests,
+					LeaseTtl:    durationpb.New(q.Limit.Window),
+				}
+				if d == nil || d.Allowed && !sd.Allowed {
+					d = sd
+				}
 			}
 			r.Outcome = ratelimitdv1.Outcome_OUTCOME_OK
-			r.Limit = ownLimit(c, j, q.Limit)
-			if q.Leased && s.leases != nil {
-				r.Lease = ownLease(s.leases, q.Key)
-			}
 			r.Remaining = d.Remaining
 			r.ResetAfter = durationpb.New(d.ResetAfter)
 			r.Wait = durationpb.New(d.Wait)
@@ -174,7 +194,16 @@ func (s *Service) check(ctx context.Context, domain string, ds []*ratelimitdv1.D
 			}
 		}
 	}
-	return allowed, results, nil
+	return allowed, results
+}
+
+// noLimits is the results of n descriptors of a domain without rules.
+func noLimits(n int) []*ratelimitdv1.DescriptorResult {
+	results := make([]*ratelimitdv1.DescriptorResult, n)
+	for i := range results {
+		results[i] = &ratelimitdv1.DescriptorResult{Outcome: ratelimitdv1.Outcome_OUTCOME_NO_LIMIT}
+	}
+	return results
 }
 
 // ownLimit describes limit j of a counted check, decided under l.

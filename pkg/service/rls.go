@@ -28,6 +28,10 @@ const (
 	unlimited                  // an unlimited rule: OK with everything remaining
 	replaced                   // a rule replaced by another of the request's rules: as noMatch
 	counted                    // decided by the backend
+	// slotsOnly is a rule with a concurrency limit and no rate limit, in
+	// a call that takes no slot (Envoy's API, Check, Peek): answered as
+	// noMatch, since only Acquire holds a slot and Release gives it back.
+	slotsOnly
 )
 
 // check is one descriptor's part in a decision.
@@ -36,8 +40,9 @@ type check struct {
 	rule     *config.Rule                                // the matched rule, nil for an override
 	override *rlv3.RateLimitDescriptor_RateLimitOverride // the descriptor's own limit, if any
 	// When counted, the descriptor's backend requests are reqs[req:req+n]:
-	// one for an override, one per limit of its rule.
-	req, n int
+	// one for an override, one per limit of its rule; and, in Acquire, its
+	// rule's concurrency slot is reqs[slot] (-1 for none).
+	req, n, slot int
 }
 
 // scratch is one call's working space, pooled so that a decision allocates
@@ -147,11 +152,16 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 }
 
 // plan matches every descriptor of req and fills sc with the checks and
-// the backend requests they need.
+// the backend requests they need. With slots (Acquire), a rule's
+// concurrency limit takes a slot for holder as well.
 func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
+	planSlots(sc, dom, req, false, algo.Holder{})
+}
+
+func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slots bool, holder algo.Holder) {
 	for i, d := range req.Descriptors {
 		c := &sc.checks[i]
-		*c = check{}
+		*c = check{slot: -1}
 		if o := d.GetLimit(); o != nil {
 			c.kind, c.override = counted, o
 			continue
@@ -161,6 +171,8 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 		case r == nil:
 		case r.Unlimited:
 			c.kind, c.rule = unlimited, r
+		case len(r.Limits) == 0 && !slots:
+			c.kind, c.rule = slotsOnly, r
 		default:
 			c.kind, c.rule = counted, r
 		}
@@ -200,6 +212,15 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 			sc.add(ruleLimit(l), h, c.rule.ShadowMode, l.Consistency == config.Leased)
 		}
 		c.n = len(c.rule.Limits)
+		if cl := c.rule.Concurrency; slots && cl != nil {
+			if c.n > 0 {
+				sc.keys = append(sc.keys, sc.keys[start:end]...)
+			}
+			c.slot = len(sc.reqs)
+			sc.add(slotLimit(cl), 1, c.rule.ShadowMode, false)
+			r := &sc.reqs[c.slot]
+			r.Op, r.Holder = algo.OpAcquire, holder
+		}
 	}
 	// Keys are sliced only now: appending may have moved the buffer.
 	start := 0

@@ -536,6 +536,330 @@ func (x *PeekResponse) GetResults() []*DescriptorResult {
 	return nil
 }
 
+type AcquireRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Domain, descriptors and hits are as in CheckRequest.
+	Domain        string        `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
+	Descriptors   []*Descriptor `protobuf:"bytes,2,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	Hits          uint64        `protobuf:"varint,3,opt,name=hits,proto3" json:"hits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireRequest) Reset() {
+	*x = AcquireRequest{}
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireRequest) ProtoMessage() {}
+
+func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
+func (*AcquireRequest) Descriptor() ([]byte, []int) {
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AcquireRequest) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetDescriptors() []*Descriptor {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+func (x *AcquireRequest) GetHits() uint64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+type AcquireResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Allowed is true when every descriptor that is not shadow is within its
+	// limits and has its slot.
+	Allowed bool `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// LeaseId names the slots taken, for Release and Renew; empty when
+	// refused, and when no descriptor's rule has a concurrency limit.
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// Ttl is how long the slots are held unless renewed or released: the
+	// shortest lease_ttl of their rules.
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Results       []*DescriptorResult  `protobuf:"bytes,4,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireResponse) Reset() {
+	*x = AcquireResponse{}
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireResponse) ProtoMessage() {}
+
+func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
+func (*AcquireResponse) Descriptor() ([]byte, []int) {
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *AcquireResponse) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *AcquireResponse) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *AcquireResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *AcquireResponse) GetResults() []*DescriptorResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type ReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReleaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type ReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Released is true when a slot was given back; false when the lease
+	// held none any more (released before, or its TTL ended).
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ReleaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+type RenewRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewRequest) Reset() {
+	*x = RenewRequest{}
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewRequest) ProtoMessage() {}
+
+func (x *RenewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
+func (*RenewRequest) Descriptor() ([]byte, []int) {
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RenewRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type RenewResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Renewed is true when every slot of the lease was kept; false when one
+	// had been lost already (its TTL ended): acquire again.
+	Renewed bool `protobuf:"varint,1,opt,name=renewed,proto3" json:"renewed,omitempty"`
+	// Ttl is how long the slots are held from now.
+	Ttl           *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewResponse) Reset() {
+	*x = RenewResponse{}
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewResponse) ProtoMessage() {}
+
+func (x *RenewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
+func (*RenewResponse) Descriptor() ([]byte, []int) {
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RenewResponse) GetRenewed() bool {
+	if x != nil {
+		return x.Renewed
+	}
+	return false
+}
+
+func (x *RenewResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
 type ResetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Domain        string                 `protobuf:"bytes,1,opt,name=domain,proto3" json:"domain,omitempty"`
@@ -546,7 +870,7 @@ type ResetRequest struct {
 
 func (x *ResetRequest) Reset() {
 	*x = ResetRequest{}
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[6]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +882,7 @@ func (x *ResetRequest) String() string {
 func (*ResetRequest) ProtoMessage() {}
 
 func (x *ResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[6]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +895,7 @@ func (x *ResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetRequest.ProtoReflect.Descriptor instead.
 func (*ResetRequest) Descriptor() ([]byte, []int) {
-	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{6}
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResetRequest) GetDomain() string {
@@ -600,7 +924,7 @@ type ResetResponse struct {
 
 func (x *ResetResponse) Reset() {
 	*x = ResetResponse{}
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[7]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +936,7 @@ func (x *ResetResponse) String() string {
 func (*ResetResponse) ProtoMessage() {}
 
 func (x *ResetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[7]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +949,7 @@ func (x *ResetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetResponse.ProtoReflect.Descriptor instead.
 func (*ResetResponse) Descriptor() ([]byte, []int) {
-	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{7}
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResetResponse) GetRule() string {
@@ -662,7 +986,7 @@ type Limit struct {
 
 func (x *Limit) Reset() {
 	*x = Limit{}
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[8]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +998,7 @@ func (x *Limit) String() string {
 func (*Limit) ProtoMessage() {}
 
 func (x *Limit) ProtoReflect() protoreflect.Message {
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[8]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +1011,7 @@ func (x *Limit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limit.ProtoReflect.Descriptor instead.
 func (*Limit) Descriptor() ([]byte, []int) {
-	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{8}
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Limit) GetName() string {
@@ -752,7 +1076,7 @@ type LeaseState struct {
 
 func (x *LeaseState) Reset() {
 	*x = LeaseState{}
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[9]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +1088,7 @@ func (x *LeaseState) String() string {
 func (*LeaseState) ProtoMessage() {}
 
 func (x *LeaseState) ProtoReflect() protoreflect.Message {
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[9]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +1101,7 @@ func (x *LeaseState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseState.ProtoReflect.Descriptor instead.
 func (*LeaseState) Descriptor() ([]byte, []int) {
-	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{9}
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LeaseState) GetHeld() uint64 {
@@ -832,14 +1156,17 @@ type DescriptorResult struct {
 	// Lease is, for a limit with consistency LEASED, what the replica that
 	// answered holds of Limit's counter; unset when it holds nothing (and on
 	// the memory backend, which decides leased limits exactly).
-	Lease         *LeaseState `protobuf:"bytes,10,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease *LeaseState `protobuf:"bytes,10,opt,name=lease,proto3" json:"lease,omitempty"`
+	// Concurrency is, for a descriptor whose rule has a concurrency limit,
+	// its slots: set by Acquire.
+	Concurrency   *ConcurrencyState `protobuf:"bytes,11,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DescriptorResult) Reset() {
 	*x = DescriptorResult{}
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[10]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1178,7 @@ func (x *DescriptorResult) String() string {
 func (*DescriptorResult) ProtoMessage() {}
 
 func (x *DescriptorResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[10]
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1191,7 @@ func (x *DescriptorResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorResult.ProtoReflect.Descriptor instead.
 func (*DescriptorResult) Descriptor() ([]byte, []int) {
-	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{10}
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DescriptorResult) GetOutcome() Outcome {
@@ -937,6 +1264,75 @@ func (x *DescriptorResult) GetLease() *LeaseState {
 	return nil
 }
 
+func (x *DescriptorResult) GetConcurrency() *ConcurrencyState {
+	if x != nil {
+		return x.Concurrency
+	}
+	return nil
+}
+
+// ConcurrencyState is a concurrency limit's slots.
+type ConcurrencyState struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// InFlight is the slots held, this one included when it was taken.
+	InFlight      uint64               `protobuf:"varint,1,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	MaxInFlight   uint64               `protobuf:"varint,2,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	LeaseTtl      *durationpb.Duration `protobuf:"bytes,3,opt,name=lease_ttl,json=leaseTtl,proto3" json:"lease_ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConcurrencyState) Reset() {
+	*x = ConcurrencyState{}
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConcurrencyState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConcurrencyState) ProtoMessage() {}
+
+func (x *ConcurrencyState) ProtoReflect() protoreflect.Message {
+	mi := &file_ratelimitd_v1_ratelimiter_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConcurrencyState.ProtoReflect.Descriptor instead.
+func (*ConcurrencyState) Descriptor() ([]byte, []int) {
+	return file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ConcurrencyState) GetInFlight() uint64 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *ConcurrencyState) GetMaxInFlight() uint64 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *ConcurrencyState) GetLeaseTtl() *durationpb.Duration {
+	if x != nil {
+		return x.LeaseTtl
+	}
+	return nil
+}
+
 var File_ratelimitd_v1_ratelimiter_proto protoreflect.FileDescriptor
 
 const file_ratelimitd_v1_ratelimiter_proto_rawDesc = "" +
@@ -962,7 +1358,25 @@ const file_ratelimitd_v1_ratelimiter_proto_rawDesc = "" +
 	"\x04hits\x18\x03 \x01(\x04R\x04hits\"c\n" +
 	"\fPeekResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x129\n" +
-	"\aresults\x18\x02 \x03(\v2\x1f.ratelimitd.v1.DescriptorResultR\aresults\"a\n" +
+	"\aresults\x18\x02 \x03(\v2\x1f.ratelimitd.v1.DescriptorResultR\aresults\"y\n" +
+	"\x0eAcquireRequest\x12\x16\n" +
+	"\x06domain\x18\x01 \x01(\tR\x06domain\x12;\n" +
+	"\vdescriptors\x18\x02 \x03(\v2\x19.ratelimitd.v1.DescriptorR\vdescriptors\x12\x12\n" +
+	"\x04hits\x18\x03 \x01(\x04R\x04hits\"\xae\x01\n" +
+	"\x0fAcquireResponse\x12\x18\n" +
+	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x129\n" +
+	"\aresults\x18\x04 \x03(\v2\x1f.ratelimitd.v1.DescriptorResultR\aresults\"+\n" +
+	"\x0eReleaseRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\"-\n" +
+	"\x0fReleaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\")\n" +
+	"\fRenewRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\"V\n" +
+	"\rRenewResponse\x12\x18\n" +
+	"\arenewed\x18\x01 \x01(\bR\arenewed\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"a\n" +
 	"\fResetRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x129\n" +
 	"\n" +
@@ -983,7 +1397,7 @@ const file_ratelimitd_v1_ratelimiter_proto_rawDesc = "" +
 	"\x04held\x18\x01 \x01(\x04R\x04held\x12-\n" +
 	"\x04ends\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04ends\x12\x12\n" +
 	"\x04rate\x18\x03 \x01(\x01R\x04rate\x12\x1a\n" +
-	"\bfetching\x18\x04 \x01(\bR\bfetching\"\xb3\x03\n" +
+	"\bfetching\x18\x04 \x01(\bR\bfetching\"\xf6\x03\n" +
 	"\x10DescriptorResult\x120\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x16.ratelimitd.v1.OutcomeR\aoutcome\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x16\n" +
@@ -998,7 +1412,12 @@ const file_ratelimitd_v1_ratelimiter_proto_rawDesc = "" +
 	"retryNever\x12-\n" +
 	"\x04wait\x18\t \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12/\n" +
 	"\x05lease\x18\n" +
-	" \x01(\v2\x19.ratelimitd.v1.LeaseStateR\x05lease*\xf0\x01\n" +
+	" \x01(\v2\x19.ratelimitd.v1.LeaseStateR\x05lease\x12A\n" +
+	"\vconcurrency\x18\v \x01(\v2\x1f.ratelimitd.v1.ConcurrencyStateR\vconcurrency\"\x8b\x01\n" +
+	"\x10ConcurrencyState\x12\x1b\n" +
+	"\tin_flight\x18\x01 \x01(\x04R\binFlight\x12\"\n" +
+	"\rmax_in_flight\x18\x02 \x01(\x04R\vmaxInFlight\x126\n" +
+	"\tlease_ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl*\xf0\x01\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ALGORITHM_FIXED_WINDOW\x10\x01\x12 \n" +
@@ -1018,11 +1437,14 @@ const file_ratelimitd_v1_ratelimiter_proto_rawDesc = "" +
 	"OUTCOME_OK\x10\x01\x12\x16\n" +
 	"\x12OUTCOME_OVER_LIMIT\x10\x02\x12\x14\n" +
 	"\x10OUTCOME_NO_LIMIT\x10\x03\x12\x15\n" +
-	"\x11OUTCOME_UNLIMITED\x10\x042\xd6\x01\n" +
+	"\x11OUTCOME_UNLIMITED\x10\x042\xae\x03\n" +
 	"\vRateLimiter\x12B\n" +
 	"\x05Check\x12\x1b.ratelimitd.v1.CheckRequest\x1a\x1c.ratelimitd.v1.CheckResponse\x12?\n" +
 	"\x04Peek\x12\x1a.ratelimitd.v1.PeekRequest\x1a\x1b.ratelimitd.v1.PeekResponse\x12B\n" +
-	"\x05Reset\x12\x1b.ratelimitd.v1.ResetRequest\x1a\x1c.ratelimitd.v1.ResetResponseBCZAgithub.com/ratelimitd/ratelimitd/proto/ratelimitd/v1;ratelimitdv1b\x06proto3"
+	"\x05Reset\x12\x1b.ratelimitd.v1.ResetRequest\x1a\x1c.ratelimitd.v1.ResetResponse\x12H\n" +
+	"\aAcquire\x12\x1d.ratelimitd.v1.AcquireRequest\x1a\x1e.ratelimitd.v1.AcquireResponse\x12H\n" +
+	"\aRelease\x12\x1d.ratelimitd.v1.ReleaseRequest\x1a\x1e.ratelimitd.v1.ReleaseResponse\x12B\n" +
+	"\x05Renew\x12\x1b.ratelimitd.v1.RenewRequest\x1a\x1c.ratelimitd.v1.RenewResponseBCZAgithub.com/ratelimitd/ratelimitd/proto/ratelimitd/v1;ratelimitdv1b\x06proto3"
 
 var (
 	file_ratelimitd_v1_ratelimiter_proto_rawDescOnce sync.Once
@@ -1037,7 +1459,7 @@ func file_ratelimitd_v1_ratelimiter_proto_rawDescGZIP() []byte {
 }
 
 var file_ratelimitd_v1_ratelimiter_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_ratelimitd_v1_ratelimiter_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_ratelimitd_v1_ratelimiter_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_ratelimitd_v1_ratelimiter_proto_goTypes = []any{
 	(Algorithm)(0),              // 0: ratelimitd.v1.Algorithm
 	(Consistency)(0),            // 1: ratelimitd.v1.Consistency
@@ -1048,41 +1470,60 @@ var file_ratelimitd_v1_ratelimiter_proto_goTypes = []any{
 	(*CheckResponse)(nil),       // 6: ratelimitd.v1.CheckResponse
 	(*PeekRequest)(nil),         // 7: ratelimitd.v1.PeekRequest
 	(*PeekResponse)(nil),        // 8: ratelimitd.v1.PeekResponse
-	(*ResetRequest)(nil),        // 9: ratelimitd.v1.ResetRequest
-	(*ResetResponse)(nil),       // 10: ratelimitd.v1.ResetResponse
-	(*Limit)(nil),               // 11: ratelimitd.v1.Limit
-	(*LeaseState)(nil),          // 12: ratelimitd.v1.LeaseState
-	(*DescriptorResult)(nil),    // 13: ratelimitd.v1.DescriptorResult
-	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
+	(*AcquireRequest)(nil),      // 9: ratelimitd.v1.AcquireRequest
+	(*AcquireResponse)(nil),     // 10: ratelimitd.v1.AcquireResponse
+	(*ReleaseRequest)(nil),      // 11: ratelimitd.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 12: ratelimitd.v1.ReleaseResponse
+	(*RenewRequest)(nil),        // 13: ratelimitd.v1.RenewRequest
+	(*RenewResponse)(nil),       // 14: ratelimitd.v1.RenewResponse
+	(*ResetRequest)(nil),        // 15: ratelimitd.v1.ResetRequest
+	(*ResetResponse)(nil),       // 16: ratelimitd.v1.ResetResponse
+	(*Limit)(nil),               // 17: ratelimitd.v1.Limit
+	(*LeaseState)(nil),          // 18: ratelimitd.v1.LeaseState
+	(*DescriptorResult)(nil),    // 19: ratelimitd.v1.DescriptorResult
+	(*ConcurrencyState)(nil),    // 20: ratelimitd.v1.ConcurrencyState
+	(*durationpb.Duration)(nil), // 21: google.protobuf.Duration
 }
 var file_ratelimitd_v1_ratelimiter_proto_depIdxs = []int32{
 	3,  // 0: ratelimitd.v1.Descriptor.entries:type_name -> ratelimitd.v1.Entry
 	4,  // 1: ratelimitd.v1.CheckRequest.descriptors:type_name -> ratelimitd.v1.Descriptor
-	13, // 2: ratelimitd.v1.CheckResponse.results:type_name -> ratelimitd.v1.DescriptorResult
+	19, // 2: ratelimitd.v1.CheckResponse.results:type_name -> ratelimitd.v1.DescriptorResult
 	4,  // 3: ratelimitd.v1.PeekRequest.descriptors:type_name -> ratelimitd.v1.Descriptor
-	13, // 4: ratelimitd.v1.PeekResponse.results:type_name -> ratelimitd.v1.DescriptorResult
-	4,  // 5: ratelimitd.v1.ResetRequest.descriptor:type_name -> ratelimitd.v1.Descriptor
-	14, // 6: ratelimitd.v1.Limit.window:type_name -> google.protobuf.Duration
-	0,  // 7: ratelimitd.v1.Limit.algorithm:type_name -> ratelimitd.v1.Algorithm
-	1,  // 8: ratelimitd.v1.Limit.consistency:type_name -> ratelimitd.v1.Consistency
-	14, // 9: ratelimitd.v1.LeaseState.ends:type_name -> google.protobuf.Duration
-	2,  // 10: ratelimitd.v1.DescriptorResult.outcome:type_name -> ratelimitd.v1.Outcome
-	11, // 11: ratelimitd.v1.DescriptorResult.limit:type_name -> ratelimitd.v1.Limit
-	14, // 12: ratelimitd.v1.DescriptorResult.reset_after:type_name -> google.protobuf.Duration
-	14, // 13: ratelimitd.v1.DescriptorResult.retry_after:type_name -> google.protobuf.Duration
-	14, // 14: ratelimitd.v1.DescriptorResult.wait:type_name -> google.protobuf.Duration
-	12, // 15: ratelimitd.v1.DescriptorResult.lease:type_name -> ratelimitd.v1.LeaseState
-	5,  // 16: ratelimitd.v1.RateLimiter.Check:input_type -> ratelimitd.v1.CheckRequest
-	7,  // 17: ratelimitd.v1.RateLimiter.Peek:input_type -> ratelimitd.v1.PeekRequest
-	9,  // 18: ratelimitd.v1.RateLimiter.Reset:input_type -> ratelimitd.v1.ResetRequest
-	6,  // 19: ratelimitd.v1.RateLimiter.Check:output_type -> ratelimitd.v1.CheckResponse
-	8,  // 20: ratelimitd.v1.RateLimiter.Peek:output_type -> ratelimitd.v1.PeekResponse
-	10, // 21: ratelimitd.v1.RateLimiter.Reset:output_type -> ratelimitd.v1.ResetResponse
-	19, // [19:22] is the sub-list for method output_type
-	16, // [16:19] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	19, // 4: ratelimitd.v1.PeekResponse.results:type_name -> ratelimitd.v1.DescriptorResult
+	4,  // 5: ratelimitd.v1.AcquireRequest.descriptors:type_name -> ratelimitd.v1.Descriptor
+	21, // 6: ratelimitd.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
+	19, // 7: ratelimitd.v1.AcquireResponse.results:type_name -> ratelimitd.v1.DescriptorResult
+	21, // 8: ratelimitd.v1.RenewResponse.ttl:type_name -> google.protobuf.Duration
+	4,  // 9: ratelimitd.v1.ResetRequest.descriptor:type_name -> ratelimitd.v1.Descriptor
+	21, // 10: ratelimitd.v1.Limit.window:type_name -> google.protobuf.Duration
+	0,  // 11: ratelimitd.v1.Limit.algorithm:type_name -> ratelimitd.v1.Algorithm
+	1,  // 12: ratelimitd.v1.Limit.consistency:type_name -> ratelimitd.v1.Consistency
+	21, // 13: ratelimitd.v1.LeaseState.ends:type_name -> google.protobuf.Duration
+	2,  // 14: ratelimitd.v1.DescriptorResult.outcome:type_name -> ratelimitd.v1.Outcome
+	17, // 15: ratelimitd.v1.DescriptorResult.limit:type_name -> ratelimitd.v1.Limit
+	21, // 16: ratelimitd.v1.DescriptorResult.reset_after:type_name -> google.protobuf.Duration
+	21, // 17: ratelimitd.v1.DescriptorResult.retry_after:type_name -> google.protobuf.Duration
+	21, // 18: ratelimitd.v1.DescriptorResult.wait:type_name -> google.protobuf.Duration
+	18, // 19: ratelimitd.v1.DescriptorResult.lease:type_name -> ratelimitd.v1.LeaseState
+	20, // 20: ratelimitd.v1.DescriptorResult.concurrency:type_name -> ratelimitd.v1.ConcurrencyState
+	21, // 21: ratelimitd.v1.ConcurrencyState.lease_ttl:type_name -> google.protobuf.Duration
+	5,  // 22: ratelimitd.v1.RateLimiter.Check:input_type -> ratelimitd.v1.CheckRequest
+	7,  // 23: ratelimitd.v1.RateLimiter.Peek:input_type -> ratelimitd.v1.PeekRequest
+	15, // 24: ratelimitd.v1.RateLimiter.Reset:input_type -> ratelimitd.v1.ResetRequest
+	9,  // 25: ratelimitd.v1.RateLimiter.Acquire:input_type -> ratelimitd.v1.AcquireRequest
+	11, // 26: ratelimitd.v1.RateLimiter.Release:input_type -> ratelimitd.v1.ReleaseRequest
+	13, // 27: ratelimitd.v1.RateLimiter.Renew:input_type -> ratelimitd.v1.RenewRequest
+	6,  // 28: ratelimitd.v1.RateLimiter.Check:output_type -> ratelimitd.v1.CheckResponse
+	8,  // 29: ratelimitd.v1.RateLimiter.Peek:output_type -> ratelimitd.v1.PeekResponse
+	16, // 30: ratelimitd.v1.RateLimiter.Reset:output_type -> ratelimitd.v1.ResetResponse
+	10, // 31: ratelimitd.v1.RateLimiter.Acquire:output_type -> ratelimitd.v1.AcquireResponse
+	12, // 32: ratelimitd.v1.RateLimiter.Release:output_type -> ratelimitd.v1.ReleaseResponse
+	14, // 33: ratelimitd.v1.RateLimiter.Renew:output_type -> ratelimitd.v1.RenewResponse
+	28, // [28:34] is the sub-list for method output_type
+	22, // [22:28] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_ratelimitd_v1_ratelimiter_proto_init() }
@@ -1096,7 +1537,7 @@ func file_ratelimitd_v1_ratelimiter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ratelimitd_v1_ratelimiter_proto_rawDesc), len(file_ratelimitd_v1_ratelimiter_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   11,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

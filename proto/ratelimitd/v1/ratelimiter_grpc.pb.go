@@ -19,9 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RateLimiter_Check_FullMethodName = "/ratelimitd.v1.RateLimiter/Check"
-	RateLimiter_Peek_FullMethodName  = "/ratelimitd.v1.RateLimiter/Peek"
-	RateLimiter_Reset_FullMethodName = "/ratelimitd.v1.RateLimiter/Reset"
+	RateLimiter_Check_FullMethodName   = "/ratelimitd.v1.RateLimiter/Check"
+	RateLimiter_Peek_FullMethodName    = "/ratelimitd.v1.RateLimiter/Peek"
+	RateLimiter_Reset_FullMethodName   = "/ratelimitd.v1.RateLimiter/Reset"
+	RateLimiter_Acquire_FullMethodName = "/ratelimitd.v1.RateLimiter/Acquire"
+	RateLimiter_Release_FullMethodName = "/ratelimitd.v1.RateLimiter/Release"
+	RateLimiter_Renew_FullMethodName   = "/ratelimitd.v1.RateLimiter/Renew"
 )
 
 // RateLimiterClient is the client API for RateLimiter service.
@@ -43,6 +46,18 @@ type RateLimiterClient interface {
 	// matches (or of its limit override). For operators; the server refuses it
 	// unless started with -enable-reset.
 	Reset(ctx context.Context, in *ResetRequest, opts ...grpc.CallOption) (*ResetResponse, error)
+	// Acquire takes a concurrency slot of every descriptor whose rule has a
+	// concurrency limit, and decides the descriptors' rate limits as Check
+	// does, all or nothing: when it is refused, nothing is counted and no
+	// slot is taken. Give the slots back with Release once the work is done;
+	// a holder that never does loses them after the rule's lease_ttl.
+	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
+	// Release gives back the slots of a lease. Releasing twice, or after
+	// the lease's TTL ended, is not an error.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Renew keeps the slots of a lease for another lease_ttl, for work that
+	// outlives it.
+	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
 }
 
 type rateLimiterClient struct {
@@ -83,6 +98,36 @@ func (c *rateLimiterClient) Reset(ctx context.Context, in *ResetRequest, opts ..
 	return out, nil
 }
 
+func (c *rateLimiterClient) Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AcquireResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Acquire_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimiterClient) Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewResponse)
+	err := c.cc.Invoke(ctx, RateLimiter_Renew_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimiterServer is the server API for RateLimiter service.
 // All implementations must embed UnimplementedRateLimiterServer
 // for forward compatibility.
@@ -102,6 +147,18 @@ type RateLimiterServer interface {
 	// matches (or of its limit override). For operators; the server refuses it
 	// unless started with -enable-reset.
 	Reset(context.Context, *ResetRequest) (*ResetResponse, error)
+	// Acquire takes a concurrency slot of every descriptor whose rule has a
+	// concurrency limit, and decides the descriptors' rate limits as Check
+	// does, all or nothing: when it is refused, nothing is counted and no
+	// slot is taken. Give the slots back with Release once the work is done;
+	// a holder that never does loses them after the rule's lease_ttl.
+	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
+	// Release gives back the slots of a lease. Releasing twice, or after
+	// the lease's TTL ended, is not an error.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Renew keeps the slots of a lease for another lease_ttl, for work that
+	// outlives it.
+	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
 	mustEmbedUnimplementedRateLimiterServer()
 }
 
@@ -120,6 +177,15 @@ func (UnimplementedRateLimiterServer) Peek(context.Context, *PeekRequest) (*Peek
 }
 func (UnimplementedRateLimiterServer) Reset(context.Context, *ResetRequest) (*ResetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reset not implemented")
+}
+func (UnimplementedRateLimiterServer) Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Acquire not implemented")
+}
+func (UnimplementedRateLimiterServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedRateLimiterServer) Renew(context.Context, *RenewRequest) (*RenewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
 }
 func (UnimplementedRateLimiterServer) mustEmbedUnimplementedRateLimiterServer() {}
 func (UnimplementedRateLimiterServer) testEmbeddedByValue()                     {}
@@ -196,6 +262,60 @@ func _RateLimiter_Reset_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimiter_Acquire_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcquireRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Acquire(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Acquire_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Acquire(ctx, req.(*AcquireRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RateLimiter_Renew_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimiterServer).Renew(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimiter_Renew_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimiterServer).Renew(ctx, req.(*RenewRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimiter_ServiceDesc is the grpc.ServiceDesc for RateLimiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -214,6 +334,18 @@ var RateLimiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reset",
 			Handler:    _RateLimiter_Reset_Handler,
+		},
+		{
+			MethodName: "Acquire",
+			Handler:    _RateLimiter_Acquire_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _RateLimiter_Release_Handler,
+		},
+		{
+			MethodName: "Renew",
+			Handler:    _RateLimiter_Renew_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
