@@ -1,5 +1,5 @@
-// Package client calls ratelimitd from Go, and enforces its decisions in
-// net/http servers and gRPC servers.
+// Package client calls ratelimitd from Go, waits for its admissions, and
+// enforces its decisions in net/http servers and gRPC servers.
 //
 // A [Client] speaks both of ratelimitd's gRPC APIs on one connection: its
 // own ratelimitd.v1.RateLimiter ([Client.Allow], [Client.Check],
@@ -38,6 +38,28 @@
 // Both take a [Limiter], which a *Client is; [LimiterFunc] adapts any
 // function, such as [Client.AllowRLS] to enforce through the Envoy API, or
 // a fake in tests.
+//
+// With MiddlewareOptions.MaxWait, [Middleware] holds refused requests
+// instead of answering 429 at once: each waits in a bounded queue of the
+// requests with its descriptors, first in, first out, until the limit
+// admits it, and is answered 429 only when it could not be admitted within
+// MaxWait or MaxWaiting requests wait already.
+//
+// Callers that would rather wait than be refused, such as batch jobs and
+// outbound calls to a limited API, use [Client.Wait], as they would
+// golang.org/x/time/rate's Limiter.Wait: it sleeps each refusal's
+// retry-after, with jitter, and asks again, until the request is admitted
+// or ctx ends; it returns at once when no wait admits the request
+// ([ErrNever]) or the context's deadline comes first
+// ([ErrWouldExceedDeadline]). [NewWaiter] chooses what failed calls do:
+// fail closed (the default), fail open, or retry with capped exponential
+// backoff; [Wait] waits on any Limiter.
+//
+//	w := client.NewWaiter(c, client.WaitOptions{Retries: client.RetryForever})
+//	if _, err := w.Wait(ctx, "partner-api", client.D("partner", "acme")); err != nil {
+//		return err // ctx ended, or the request asks for more than its limit holds
+//	}
+//	// Admitted: call the partner's API.
 //
 // The package imports nothing of ratelimitd but its generated API
 // (package ratelimitdv1), so that linking it into an application is

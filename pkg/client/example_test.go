@@ -2,11 +2,13 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -28,6 +30,17 @@ import (
 // figure below is the same on every run.
 func ratelimitd() (addr string, stop func()) {
 	s, err := serve(service.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return s.addr, s.stop
+}
+
+// ratelimitdRealTime is ratelimitd with the real clock, for the examples
+// that wait: "pace" is limited to 4 per second there, a token back every
+// 250ms.
+func ratelimitdRealTime() (addr string, stop func()) {
+	s, err := serveOn(service.Options{}, true)
 	if err != nil {
 		panic(err)
 	}
@@ -129,6 +142,125 @@ func ExampleMiddleware() {
 	// 200 OK: RateLimit-Remaining=1 RateLimit-Reset=40 Retry-After="": hello
 	// 200 OK: RateLimit-Remaining=0 RateLimit-Reset=60 Retry-After="": hello
 	// 429 Too Many Requests: RateLimit-Remaining=0 RateLimit-Reset=20 Retry-After="20": rate limit exceeded
+}
+
+func ExampleMiddleware_maxWait() {
+	addr, stop := ratelimitdRealTime()
+	defer stop()
+	c, err := client.New(addr, client.WithTimeout(time.Second))
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello\n")
+	})
+	limit := client.Middleware(c, client.MiddlewareOptions{
+		Domain: "api",
+		Descriptors: func(r *http.Request) []client.Descriptor {
+			return []client.Descriptor{client.D("pace", r.Header.Get("X-User"))} // 4 per second
+		},
+		// Hold refused requests until they are admitted, up to 2s each and
+		// 100 at once, rather than answer 429 at once.
+		MaxWait:    2 * time.Second,
+		MaxWaiting: 100,
+	})
+	srv := httptest.NewServer(limit(hello))
+	defer srv.Close()
+
+	// 6 requests at once: 4 are served at once, and the others as tokens
+	// come back, 250ms apart.
+	began := time.Now()
+	statuses := make([]string, 6)
+	var wg sync.WaitGroup
+	for i := range statuses {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+			req.Header.Set("X-User", "alice")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				panic(err)
+			}
+			resp.Body.Close()
+			statuses[i] = resp.Status
+		})
+	}
+	wg.Wait()
+	fmt.Println(statuses)
+	fmt.Println("took half a second:", time.Since(began) >= 490*time.Millisecond)
+	// Output:
+	// [200 OK 200 OK 200 OK 200 OK 200 OK 200 OK]
+	// took half a second: true
+}
+
+func ExampleClient_Wait() {
+	addr, stop := ratelimitdRealTime()
+	defer stop()
+	c, err := client.New(addr, client.WithTimeout(time.Second))
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// 4 per second: the 5th request waits for a token, a quarter of a
+	// second.
+	began := time.Now()
+	for range 5 {
+		d, err := c.Wait(ctx, "api", client.D("pace", "alice"))
+		if err != nil {
+			fmt.Println("not admitted:", err)
+			return
+		}
+		fmt.Println("admitted:", d.Allowed)
+	}
+	fmt.Println("waited a quarter of a second:", time.Since(began) >= 240*time.Millisecond)
+
+	// More hits than the limit ever holds: no wait admits them, and Wait
+	// says so at once.
+	_, err = c.Wait(ctx, "api", client.D("pace", "alice").Hits(5))
+	fmt.Println(errors.Is(err, client.ErrNever))
+	// Output:
+	// admitted: true
+	// admitted: true
+	// admitted: true
+	// admitted: true
+	// admitted: true
+	// waited a quarter of a second: true
+	// true
+}
+
+func ExampleNewWaiter() {
+	// An address nothing listens on: ratelimitd is down.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	c, err := client.New(addr)
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+
+	// Retry 3 times, after 10ms, 20ms and 40ms at most, then admit (fail
+	// open).
+	w := client.NewWaiter(c, client.WaitOptions{
+		Retries:  3,
+		FailOpen: true,
+		OnError:  func(err error) { fmt.Println("no decision:", status.Code(err)) },
+	})
+	d, err := w.Wait(context.Background(), "api", client.D("user_id", "alice"))
+	fmt.Println("allowed:", d.Allowed, err)
+	// Output:
+	// no decision: Unavailable
+	// no decision: Unavailable
+	// no decision: Unavailable
+	// no decision: Unavailable
+	// allowed: true <nil>
 }
 
 func ExampleUnaryServerInterceptor() {

@@ -91,14 +91,57 @@ type MiddlewareOptions struct {
 	// request is passed through or refused as FailOpen says; for logs and
 	// metrics.
 	OnError func(r *http.Request, err error)
+
+	// MaxWait, when positive, makes refused requests wait for admission,
+	// up to MaxWait from their arrival, instead of being answered 429 at
+	// once: each waits its refusal's retry-after (with jitter) and is
+	// asked again, in a queue of the requests with the same descriptors
+	// (see [Middleware] for the order). A request is answered 429, with
+	// Retry-After, only when waiting cannot admit it within MaxWait (its
+	// retry-after, or the retry-after of those ahead of it, comes later;
+	// or it is [Never]), when MaxWaiting requests are waiting already, or
+	// when it is cancelled while it waits. Every request gets its handler
+	// or an answer: failed decisions are answered as FailOpen says,
+	// whether the request waited or not. The default, 0, waits for
+	// nothing.
+	MaxWait time.Duration
+	// MaxWaiting is how many requests may wait at once, in all queues;
+	// required with MaxWait. Each holds its goroutine and connection while
+	// it waits.
+	MaxWaiting int
+	// OnWait, when set, is told when a refused request starts waiting,
+	// with the refusal it waits out (RetryAfter from now); for logs and
+	// metrics.
+	OnWait func(r *http.Request, d Decision)
 }
 
 // Middleware returns middleware deciding every request with l in
 // opts.Domain, for the descriptors opts.Descriptors extracts. A refused
 // request is answered 429 Too Many Requests, with Retry-After and the
 // headers of opts.Headers; an admitted one reaches the handler with those
-// headers set. It panics when opts.Descriptors is nil or opts.Headers is
-// unknown.
+// headers set. It panics when opts.Descriptors is nil, opts.Headers is
+// unknown, or opts.MaxWait is set without opts.MaxWaiting.
+//
+// With opts.MaxWait, refused requests wait in queues instead, one per
+// domain and descriptors (the hits they ask for aside), first in, first
+// out. Only the first request of a queue asks ratelimitd again, when the
+// last refusal says the limit may admit it: after its retry-after plus a
+// random extra of up to a tenth of it, so that queues waiting for one
+// limit do not all ask at the same instant. A request that arrives while
+// others with its descriptors wait joins the end of their queue without
+// asking, so that it takes nothing they wait for; when the first is
+// admitted, the next asks at once. So requests with the same descriptors
+// are admitted in the order they joined their queue: the order of arrival,
+// but that two requests refused at the same moment join in either order.
+// Queues of different descriptors wait independently: when they share a
+// limit (a path's limit for several users), the order among them is that
+// of their retry-afters, give or take the jitter. When a refusal tells the
+// first request of a queue that it will not be admitted before some
+// instant, the requests behind it whose MaxWait ends before then are
+// answered 429 at once rather than held in vain.
+//
+// No request waits past MaxWait, but for the call to ratelimitd it may
+// have in flight then.
 func Middleware(l Limiter, opts MiddlewareOptions) func(http.Handler) http.Handler {
 	if opts.Descriptors == nil {
 		panic("client.Middleware: MiddlewareOptions.Descriptors is nil")
@@ -106,37 +149,62 @@ func Middleware(l Limiter, opts MiddlewareOptions) func(http.Handler) http.Handl
 	if opts.Headers > HeadersXRateLimit {
 		panic("client.Middleware: unknown header style " + opts.Headers.String())
 	}
+	var queues *waitQueues
+	if opts.MaxWait > 0 {
+		if opts.MaxWaiting <= 0 {
+			panic("client.Middleware: MaxWait without MaxWaiting: say how many requests may wait at once")
+		}
+		queues = &waitQueues{max: opts.MaxWaiting, queues: map[string]*waitQueue{}}
+	}
 	return func(next http.Handler) http.Handler {
+		e := &enforcer{l: l, opts: &opts, next: next}
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ds := opts.Descriptors(r)
 			if len(ds) == 0 {
 				next.ServeHTTP(w, r)
 				return
 			}
+			if queues != nil {
+				queues.serve(e, w, r, ds)
+				return
+			}
 			d, err := l.Allow(r.Context(), opts.Domain, ds...)
-			if err != nil {
-				if opts.OnError != nil {
-					opts.OnError(r, err)
-				}
-				if opts.FailOpen {
-					next.ServeHTTP(w, r)
-					return
-				}
-				writeText(w, http.StatusServiceUnavailable, unavailableBody)
-				return
-			}
-			SetHeaders(w.Header(), opts.Headers, d)
-			if d.Allowed {
-				next.ServeHTTP(w, r)
-				return
-			}
-			if opts.OnLimited != nil {
-				opts.OnLimited(w, r, d)
-				return
-			}
-			writeText(w, http.StatusTooManyRequests, limitedBody)
+			e.answer(w, r, d, err)
 		})
 	}
+}
+
+// enforcer answers requests as a middleware's options say, in front of
+// next.
+type enforcer struct {
+	l    Limiter
+	opts *MiddlewareOptions
+	next http.Handler
+}
+
+// answer answers r as decision d, or as the failure err says.
+func (e *enforcer) answer(w http.ResponseWriter, r *http.Request, d Decision, err error) {
+	if err != nil {
+		if e.opts.OnError != nil {
+			e.opts.OnError(r, err)
+		}
+		if e.opts.FailOpen {
+			e.next.ServeHTTP(w, r)
+			return
+		}
+		writeText(w, http.StatusServiceUnavailable, unavailableBody)
+		return
+	}
+	SetHeaders(w.Header(), e.opts.Headers, d)
+	if d.Allowed {
+		e.next.ServeHTTP(w, r)
+		return
+	}
+	if e.opts.OnLimited != nil {
+		e.opts.OnLimited(w, r, d)
+		return
+	}
+	writeText(w, http.StatusTooManyRequests, limitedBody)
 }
 
 // writeText answers status with a plain-text body.

@@ -30,6 +30,13 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: internal
     rate_limit: {unlimited: true}
+  # 4 per second, a token back every 250ms: for tests in real time.
+  - key: pace
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: token_bucket}
+  # A queue of 3 draining 1 per second: each admitted hit waits 1s for
+  # each hit ahead of it.
+  - key: queue
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky_bucket, burst: 3}
 `
 
 // epoch is a whole minute, where the servers' clocks start.
@@ -52,13 +59,23 @@ type server struct {
 // serve starts a ratelimitd engine deciding testRules on the memory
 // backend, its gRPC API on a free port of 127.0.0.1.
 func serve(opts service.Options) (*server, error) {
+	return serveOn(opts, false)
+}
+
+// serveOn is serve, with the server's clock the real one when realTime
+// is true: for tests of waiting, which wait.
+func serveOn(opts service.Options, realTime bool) (*server, error) {
 	rules, err := config.Parse(config.File{Name: "rules.yaml", Data: []byte(testRules)})
 	if err != nil {
 		return nil, err
 	}
 	clk := &clock{}
 	clk.ns.Store(epoch.UnixNano())
-	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	now := clk.Now
+	if realTime {
+		clk, now = nil, time.Now
+	}
+	be := memory.New(memory.Options{Now: now, SweepInterval: -1})
 	svc, err := service.New(be, rules, opts)
 	if err != nil {
 		return nil, err
@@ -77,6 +94,18 @@ func serve(opts service.Options) (*server, error) {
 func startServer(t testing.TB, opts service.Options) *server {
 	t.Helper()
 	s, err := serve(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stop)
+	return s
+}
+
+// startRealTimeServer is startServer with the real clock: its clock is
+// nil.
+func startRealTimeServer(t testing.TB) *server {
+	t.Helper()
+	s, err := serveOn(service.Options{}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
