@@ -149,7 +149,9 @@ type Decision struct {
 	//
 	// For a [Concurrency] limit: Taken is 1 when the request took, gave
 	// back or kept a slot; Mark how many holders it found whose TTL had
-	// ended, and dropped; Valid the TTL of the slot taken or kept.
+	// ended without a release, and dropped (each is found once, by the
+	// first call that stores within a TTL of the key's last slot's end:
+	// see [Keep]); Valid the TTL of the slot taken or kept.
 	Taken uint64
 	Mark  int64
 	Valid time.Duration

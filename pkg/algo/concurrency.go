@@ -65,10 +65,12 @@ func (hs holders) with(h Holder, end int64) holders {
 func concurrency(s *State, now int64, r *Request) Decision {
 	l := r.Limit
 	n, ttl := int64(l.Requests), windowMicros(l)
-	live, ended := holders(s.Log).live(now)
-	if live.len() == 0 {
-		// Every slot has ended: the key's state is gone, as a store that
-		// expires it with its last slot (Redis) has no record of them.
+	hs := holders(s.Log)
+	live, ended := hs.live(now)
+	if live.len() == 0 && hs.len() > 0 && now >= hs.end(hs.len()-1)+ttl {
+		// Every slot ended a lease TTL ago or more: the key's state is
+		// gone, as a store keeps it no longer ([Keep]), and its holders
+		// with it.
 		ended = 0
 	}
 	figures := func(live holders) Decision {

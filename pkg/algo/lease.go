@@ -50,6 +50,19 @@ func Stores(r *Request, d *Decision) bool {
 	return d.Allowed && !r.Peek && (r.Hits > 0 || d.Taken > 0) && (r.Op != OpGive || r.Limit.Algorithm.Leasable())
 }
 
+// Keep returns how long a backend keeps the state that [Apply] left for
+// request r with decision d, once stored: until it frees up, d.ResetAfter;
+// for a Concurrency limit with slots held, one lease TTL longer, so that
+// holders whose slots end without a release are still there for the key's
+// next call to find, and report (Decision.Mark). Redis expires the key
+// then; the memory backend drops it.
+func Keep(r *Request, d *Decision) time.Duration {
+	if r.Limit.Algorithm == Concurrency && d.ResetAfter > 0 {
+		return d.ResetAfter + r.Limit.Window
+	}
+	return d.ResetAfter
+}
+
 // take is [Apply] for an OpTake of a leasable algorithm. now is in µs.
 func take(s *State, now int64, l Limit, hits uint64, ls Lease) Decision {
 	ttl := max(ls.TTL.Microseconds(), 1)

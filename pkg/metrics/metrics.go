@@ -11,10 +11,14 @@
 //	ratelimitd_metric_series_dropped_total               counter
 //	ratelimitd_backend_call_duration_seconds             histogram
 //	ratelimitd_backend_call_errors_total{kind}           counter
+//	ratelimitd_concurrency_slots_total{domain, rule, event} counter
+//	ratelimitd_concurrency_in_flight{domain, rule}       gauge
 //
 // result is [service.Outcome.String]: ok, near_limit, over_limit,
 // shadow_mode or unlimited. kind is timeout, circuit_open, canceled or
-// other; see [Classify]. The backend metrics are the service's view of
+// other; see [Classify]. event is acquired, refused, released or expired:
+// what Acquire, Release and Renew did to the slots of concurrency limits
+// (a [Metrics] is a [service.SlotObserver] too). The backend metrics are the service's view of
 // each call, every failure included; ratelimitd_backend_calls_total,
 // ratelimitd_backend_errors_total and the like, which the command exports
 // from the circuit breaker's own counters, are other names: these do not
@@ -114,6 +118,9 @@ type Options struct {
 	// Logger receives the one warning logged at the first dropped
 	// detailed label. Default: discard.
 	Logger *slog.Logger
+	// Now is the clock that tells when held slots end, for
+	// ratelimitd_concurrency_in_flight. Default time.Now.
+	Now func() time.Time
 }
 
 // ErrorKind classifies a failed backend call for
@@ -176,6 +183,7 @@ type Metrics struct {
 	latency   prometheus.Histogram
 	degraded  *prometheus.CounterVec // domain, mode
 	errs      [numKinds]prometheus.Counter
+	slots     *slots
 
 	log         *slog.Logger
 	maxDetailed int // < 0: no detailed labels
@@ -196,7 +204,10 @@ type Metrics struct {
 	warned     atomic.Bool
 }
 
-var _ service.Observer = (*Metrics)(nil)
+var (
+	_ service.Observer     = (*Metrics)(nil)
+	_ service.SlotObserver = (*Metrics)(nil)
+)
 
 // ruleKey names a plain rule series.
 type ruleKey struct{ domain, id string }
@@ -231,6 +242,9 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "decisions_total",
@@ -249,6 +263,7 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 			Help:    helpLatency,
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 12), // 50µs to 102.4ms
 		}),
+		slots:       newSlots(opts.Now),
 		log:         opts.Logger,
 		maxDetailed: opts.MaxDetailedSeries,
 		byID:        make(map[ruleKey]*series),
@@ -266,7 +281,7 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 		m.errs[k] = errs.WithLabelValues(k.String())
 	}
 	m.override.Store(&map[string]*series{})
-	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.dropped, m.latency, errs, m.degraded} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.dropped, m.latency, errs, m.degraded, m.slots} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
@@ -296,11 +311,13 @@ func (m *Metrics) Decided(domain string, rule *config.Rule, d *rlv3.RateLimitDes
 	m.decisions.WithLabelValues(s.domain, s.rule, o.String()).Inc()
 }
 
-// Rules makes the failure-mode series of every domain of rules, at zero,
-// so that dashboards and alerts see them before the first failure. Call it
-// with the rules at start and after each reload; series of domains that
-// went away stay, bounded by the domains ever loaded.
+// Rules makes the failure-mode series of every domain of rules, and the
+// concurrency series of every rule with a concurrency limit, at zero, so
+// that dashboards and alerts see them before the first event. Call it
+// with the rules at start and after each reload; series of domains and
+// rules that went away stay, bounded by those ever loaded.
 func (m *Metrics) Rules(rules *config.Rules) {
+	m.slots.ruleSlots(rules)
 	for _, d := range rules.Domains() {
 		for _, mode := range []config.FailureMode{config.FailOpen, config.FailClosed, config.FailError, config.FailLocal} {
 			m.degraded.WithLabelValues(d.Name, string(mode))

@@ -135,41 +135,59 @@ func parseLease(id string) (*slotLease, error) {
 	return l, nil
 }
 
-// SlotEvent is what happened to concurrency slots, as metrics count them.
-type SlotEvent uint8
-
-const (
-	// SlotAcquired: slots taken.
-	SlotAcquired SlotEvent = iota
-	// SlotRefused: acquires refused because every slot was held.
-	SlotRefused
-	// SlotReleased: slots given back.
-	SlotReleased
-	// SlotExpired: slots whose holder's TTL ended before it gave them
-	// back, found by a later acquire, release or renew of the same key.
-	SlotExpired
-)
+// SlotReport is what one Acquire, Release or Renew did to the slots of
+// one concurrency limit's key, as metrics count them.
+type SlotReport struct {
+	// Domain and Rule name the concurrency limit: its domain and rule ID,
+	// as the lease names it (the rule may have left the rules since).
+	Domain, Rule string
+	// Key is the counter key of the slots; it is valid only during the
+	// call.
+	Key []byte
+	// Acquired, Refused and Released are 1 when the call took a slot,
+	// was refused one because every slot was held, or gave one back.
+	Acquired, Refused, Released uint64
+	// Expired is how many holders the store found whose TTL had ended
+	// without a release: each is reported once, by the first call that
+	// finds it.
+	Expired uint64
+	// InFlight is how many slots are held after the call, and Until the
+	// time until the last of them ends unless renewed.
+	InFlight uint64
+	Until    time.Duration
+}
 
 // SlotObserver is told of concurrency slots, for metrics, when the
-// service's Observer is one too. Rules are the ones in force; a slot of a
-// lease whose rule is no longer in force is reported with a nil rule.
+// service's Observer is one too. Calls to a failing backend, and
+// decisions by failure mode open or closed, are not reported.
 type SlotObserver interface {
-	Slots(domain string, rule *config.Rule, e SlotEvent, n uint64)
+	Slots(r *SlotReport)
 }
 
-// observeSlots reports n slots of rule to the observer.
-func (s *Service) observeSlots(domain string, rule *config.Rule, e SlotEvent, n uint64) {
-	if o, ok := s.observer.(SlotObserver); ok && n > 0 {
-		o.Slots(domain, rule, e, n)
+// observeSlots reports what op did to slot q, decided as d.
+func (s *Service) observeSlots(domain, rule string, q *algo.Request, d *algo.Decision, allowed bool) {
+	o, ok := s.observer.(SlotObserver)
+	if !ok {
+		return
 	}
-}
-
-// ruleOf returns the rule in force with id in domain, or nil.
-func (s *Service) ruleOf(domain, id string) *config.Rule {
-	if d := s.rules.Load().Domain(domain); d != nil {
-		return d.Rule(id)
+	r := &SlotReport{
+		Domain: domain, Rule: rule, Key: q.Key,
+		Expired:  uint64(d.Mark),
+		InFlight: q.Limit.Requests - min(d.Remaining, q.Limit.Requests),
+		Until:    d.ResetAfter,
 	}
-	return nil
+	switch {
+	case !d.Allowed:
+		r.Refused = 1
+	case !allowed && q.Op == algo.OpAcquire && d.Taken > 0:
+		r.InFlight-- // the slot was free, but the batch was refused: not taken
+	case d.Taken == 0:
+	case q.Op == algo.OpAcquire:
+		r.Acquired = 1
+	case q.Op == algo.OpRelease:
+		r.Released = 1
+	}
+	o.Slots(r)
 }
 
 // acquire serves Acquire: the request's rate limits and its rules'
@@ -204,12 +222,10 @@ func (s *Service) acquire(ctx context.Context, req *ratelimitdv1.AcquireRequest)
 			continue
 		}
 		q, d := &sc.reqs[c.slot], &sc.decisions[c.slot]
-		s.observeSlots(rls.Domain, c.rule, SlotExpired, uint64(d.Mark))
-		switch {
-		case !d.Allowed && known: // not a refusal by failure mode closed
-			s.observeSlots(rls.Domain, c.rule, SlotRefused, 1)
-		case allowed && d.Taken > 0:
-			s.observeSlots(rls.Domain, c.rule, SlotAcquired, 1)
+		if known { // decisions by failure mode open or closed tell nothing
+			s.observeSlots(rls.Domain, c.rule.ID, q, d, allowed)
+		}
+		if allowed && d.Taken > 0 {
 			lease.slots = append(lease.slots, leaseSlot{domain: rls.Domain, rule: c.rule.ID, key: append([]byte(nil), q.Key...), limit: q.Limit})
 			if ttl == 0 || q.Limit.Window < ttl {
 				ttl = q.Limit.Window
@@ -251,15 +267,11 @@ func (s *Service) slotOp(ctx context.Context, id string, op algo.Op) (kept int, 
 		return 0, 0, 0, status.Errorf(codes.Unavailable, "backend: %v; a slot not given back returns when its lease TTL ends", err)
 	}
 	for i, sl := range l.slots {
-		rule := s.ruleOf(sl.domain, sl.rule)
-		s.observeSlots(sl.domain, rule, SlotExpired, uint64(out[i].Mark))
+		s.observeSlots(sl.domain, sl.rule, &reqs[i], &out[i], true)
 		if out[i].Taken == 0 {
 			continue
 		}
 		kept++
-		if op == algo.OpRelease {
-			s.observeSlots(sl.domain, rule, SlotReleased, 1)
-		}
 		if ttl == 0 || sl.limit.Window < ttl {
 			ttl = sl.limit.Window
 		}

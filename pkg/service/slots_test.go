@@ -40,14 +40,14 @@ type slotEvents struct {
 func (o *slotEvents) Decided(string, *config.Rule, *rlv3.RateLimitDescriptor, Outcome, uint64) {}
 func (o *slotEvents) BackendCall(time.Duration, error)                                         {}
 func (o *slotEvents) FailureMode(string, config.FailureMode)                                   {}
-func (o *slotEvents) Slots(domain string, rule *config.Rule, e SlotEvent, n uint64) {
+func (o *slotEvents) Slots(r *SlotReport) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	id := "<gone>"
-	if rule != nil {
-		id = rule.ID
-	}
-	o.n[id+" "+[]string{"acquired", "refused", "released", "expired"}[e]] += n
+	o.n[r.Rule+" acquired"] += r.Acquired
+	o.n[r.Rule+" refused"] += r.Refused
+	o.n[r.Rule+" released"] += r.Released
+	o.n[r.Rule+" expired"] += r.Expired
+	o.n[r.Rule+" in flight"] = r.InFlight
 }
 
 func (o *slotEvents) get(key string) uint64 {
@@ -134,7 +134,7 @@ func TestAcquireHoldsSlotsUntilReleased(t *testing.T) {
 	if !c.Allowed || c.Results[0].Concurrency.GetInFlight() != 2 {
 		t.Fatalf("acquire after a release: %v", c)
 	}
-	for key, want := range map[string]uint64{"jobs.export acquired": 3, "jobs.export refused": 1, "jobs.export released": 1, "jobs.export expired": 0} {
+	for key, want := range map[string]uint64{"jobs.export acquired": 3, "jobs.export refused": 1, "jobs.export released": 1, "jobs.export expired": 0, "jobs.export in flight": 2} {
 		if got := f.events.get(key); got != want {
 			t.Errorf("%s: %d, want %d", key, got, want)
 		}

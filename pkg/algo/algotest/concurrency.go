@@ -52,6 +52,21 @@ func ConcurrencyCases() []LeaseCase {
 			{Step: Step{1800 * ms, 1, ok(0, 850*ms)}},
 			{Step: Step{1800 * ms, 0, ok(1, 850*ms)}},
 		}},
+		// A store keeps a key one TTL past its last slot's end, so that
+		// holders that never released are found and reported, once.
+		{"holders that never release", l, []LeaseStep{
+			slot(0, algo.OpAcquire, a, held(1, sec, 0, sec)),
+			slot(100*ms, algo.OpAcquire, b, held(0, sec, 0, sec)),
+			// Both ended (at 1 s and 1.1 s), neither released: c finds them.
+			slot(1500*ms, algo.OpAcquire, c, held(1, sec, 2, sec)),
+			// They were dropped: a release of b finds nothing.
+			slot(1600*ms, algo.OpRelease, b, ok(1, 900*ms)),
+			// c's slot ends at 2.5 s; 1 µs before 3.5 s the key still
+			// holds it.
+			slot(3500*ms-us, algo.OpAcquire, a, held(1, sec, 1, sec)),
+			// a's ends at 4.5 s - 1 µs; a TTL later, the key is gone.
+			slot(5500*ms-us, algo.OpAcquire, b, held(1, sec, 0, sec)),
+		}},
 		{"no slots", algo.Limit{Algorithm: algo.Concurrency, Requests: 0, Window: sec}, []LeaseStep{
 			slot(0, algo.OpAcquire, a, no(0, 0, algo.Never)),
 			slot(0, algo.OpRelease, a, ok(0, 0)),

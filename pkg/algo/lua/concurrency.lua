@@ -103,16 +103,23 @@ do
       for i = 1, #raw, 2 do
         h[#h + 1] = {raw[i], tonumber(raw[i + 1])}
       end
-      local ended = 0
-      if #h > 0 then -- else the key would have expired with its last slot
-        ended = redis.call('ZCOUNT', key, '-inf', fmt(now))
+      local ended = redis.call('ZCOUNT', key, '-inf', fmt(now))
+      if #h == 0 and ended > 0 then
+        -- Every slot ended: the key lives a lease TTL past the last end
+        -- (store), which the script's own clock may have passed.
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        if now >= tonumber(last[2]) + l.w then
+          ended = 0
+        end
       end
       return {key = key, h = h, ended = ended}
     end,
     step = function(s, now, l, hits)
       return op(s, now, l, hits)
     end,
-    -- store drops the ended holders and writes what changed from prev.
+    -- store drops the ended holders, writes what changed from prev, and
+    -- keeps the key a lease TTL past its last slot's end (algo.Keep), for
+    -- the next call to find holders that never released.
     store = function(key, s, now, l, ttl_ms, prev)
       redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now))
       local before, after = {}, {}
@@ -131,7 +138,7 @@ do
           redis.call('ZREM', key, m)
         end
       end
-      redis.call('PEXPIRE', key, fmt(ttl_ms))
+      redis.call('PEXPIRE', key, fmt(ttl_ms + ceil(l.w / 1000)))
     end,
   }
 end

@@ -199,7 +199,7 @@ func (b *Backend) decideOne(now time.Time, r *algo.Request, out *algo.Decision) 
 	}
 	d := algo.Apply(&st, now, r)
 	if algo.Stores(r, &d) {
-		sh.store(b, r.Key, e, st, nowUS+d.ResetAfter.Microseconds(), nowUS, nil)
+		sh.store(b, r.Key, e, st, nowUS+algo.Keep(r, &d).Microseconds(), nowUS, nil)
 	}
 	sh.mu.Unlock()
 	*out = d
@@ -267,7 +267,7 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 			// Look the entry up again: an earlier store in this batch may
 			// have created it.
 			sh := &b.shards[hashes[i]&b.mask]
-			sh.store(b, r.Key, sh.m[string(r.Key)], next[i], nowUS+out[i].ResetAfter.Microseconds(), nowUS, reqs)
+			sh.store(b, r.Key, sh.m[string(r.Key)], next[i], nowUS+algo.Keep(r, &out[i]).Microseconds(), nowUS, reqs)
 		}
 	} else {
 		// Nothing is consumed: every decision reports the state as it
