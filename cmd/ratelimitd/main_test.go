@@ -36,7 +36,7 @@ func runMain(t *testing.T, e env, args ...string) (code int, stdout, stderr stri
 
 func TestCheckConfig(t *testing.T) {
 	code, out, _ := runMain(t, nil, "check-config", "-config", "../../examples")
-	if code != exitOK || !strings.HasPrefix(out, "ok: 8 rule files, 8 domains, 14 rules (hash ") {
+	if code != exitOK || !strings.HasPrefix(out, "ok: 9 rule files, 9 domains, 16 rules (hash ") {
 		t.Fatalf("examples: exit %d, %q", code, out)
 	}
 	code, _, errOut := runMain(t, nil, "check-config", "-config", "../../pkg/config/testdata/invalid/missing_fields.yaml")

@@ -80,6 +80,8 @@ func exported(t *testing.T) map[string]*dto.MetricFamily {
 	m.BackendCall(time.Millisecond, nil)
 	m.BackendCall(time.Millisecond, errors.New("down"))
 	m.Rules(parseRules(t))
+	m.Slots(&service.SlotReport{Domain: "messaging", Rule: "messaging.export", Key: []byte("k"),
+		Acquired: 1, Refused: 1, Released: 1, Expired: 1, InFlight: 1, Until: time.Minute})
 	for _, c := range cmdMetrics {
 		zero := func() float64 { return 0 }
 		opts := prometheus.Opts{Name: c.name, Help: c.name, ConstLabels: c.labels}
