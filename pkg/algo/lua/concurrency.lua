@@ -107,7 +107,7 @@ do
       if #h == 0 and ended > 0 then
         -- Every slot ended: the key lives a lease TTL past the last end
         -- (store), which the script's own clock may have passed.
-        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        local last = redis.call('ZREVRANGEBYSCORE', key, '+inf', '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
         if now >= tonumber(last[2]) + l.w then
           ended = 0
         end

@@ -498,7 +498,7 @@ func BenchmarkDecide(b *testing.B) {
 // Redis user: the script and what it runs, on the prefix's keys only, and
 // the Cluster's slot map.
 const leastPrivilege = "on >rl-secret ~ratelimitd:* +fcall +function|load +evalsha +eval +script|load +ping +hello +auth " +
-	"+mget +set +del +pexpire +time +zadd +zcount +zrangebyscore +zrevrangebyscore +zremrangebyscore " +
+	"+mget +set +del +pexpire +time +zadd +zrem +zcount +zrangebyscore +zrevrangebyscore +zremrangebyscore " +
 	"+cluster|slots"
 
 // TestLeastPrivilegeACL decides every algorithm as a user holding only the
@@ -543,6 +543,22 @@ func TestLeastPrivilegeACL(t *testing.T) {
 					if out[0].Allowed != (i < 2) {
 						t.Fatalf("%v hit %d: %+v", a, i+1, out[0])
 					}
+				}
+			}
+			// Concurrency slots: taken, refused, given back, kept.
+			slots := algo.Limit{Algorithm: algo.Concurrency, Requests: 2, Window: time.Hour}
+			k := descriptorKey("acl", "t", fmt.Sprint(time.Now().UnixNano()), slots)
+			for i, op := range []struct {
+				op      algo.Op
+				holder  uint64
+				allowed bool
+			}{{algo.OpAcquire, 1, true}, {algo.OpAcquire, 2, true}, {algo.OpAcquire, 3, false}, {algo.OpRelease, 1, true}, {algo.OpAcquire, 3, true}, {algo.OpRenew, 2, true}} {
+				r := algo.Request{Key: k, Limit: slots, Hits: 1, Op: op.op, Holder: algo.Holder{op.holder, op.holder}}
+				if err := b.Decide(ctx, []algo.Request{r}, out); err != nil {
+					t.Fatalf("slot op %d as the least-privileged user: %v", i, err)
+				}
+				if out[0].Allowed != op.allowed {
+					t.Fatalf("slot op %d: %+v", i, out[0])
 				}
 			}
 			if err := b.Client().Do(ctx, "FLUSHALL").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
