@@ -153,15 +153,17 @@ func TestExamplesLoad(t *testing.T) {
 	for _, d := range rules.Domains() {
 		names = append(names, d.Name)
 	}
-	if want := []string{"accounts", "algorithms", "api", "auth", "messaging", "posts", "rewards", "search"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"accounts", "algorithms", "api", "auth", "exports", "messaging", "posts", "rewards", "search"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("example domains %v, want %v", names, want)
 	}
 	// Every algorithm, a rule with several limits, and a leased limit
 	// have an example.
 	shown := map[Algorithm]bool{}
-	several, leased := false, false
+	several, leased, slots, slotsAlone := false, false, false, false
 	for _, d := range rules.Domains() {
 		for _, r := range d.Rules() {
+			slots = slots || r.Concurrency != nil
+			slotsAlone = slotsAlone || r.Concurrency != nil && len(r.Limits) == 0
 			for _, l := range r.Limits {
 				shown[l.Algorithm] = true
 				leased = leased || l.Consistency == Leased
@@ -171,6 +173,9 @@ func TestExamplesLoad(t *testing.T) {
 	}
 	if !leased {
 		t.Error("no example rule is leased")
+	}
+	if !slots || !slotsAlone {
+		t.Errorf("examples show a concurrency limit: %v, one alone: %v; want both", slots, slotsAlone)
 	}
 	for _, a := range Algorithms() {
 		if !shown[a] {

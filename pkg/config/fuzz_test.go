@@ -44,6 +44,14 @@ func FuzzParse(f *testing.F) {
 					}
 					continue
 				}
+				if c := r.Concurrency; c != nil {
+					if c.MaxInFlight < 0 || c.MaxInFlight > MaxInFlight || c.LeaseTTL < MinLeaseTTL || c.LeaseTTL > MaxLeaseTTL {
+						t.Fatalf("accepted rule %s with concurrency %+v, out of bounds", r.ID, c)
+					}
+					if len(r.Limits) == 0 {
+						continue // a concurrency limit alone
+					}
+				}
 				if len(r.Limits) == 0 || r.Limits[0].Window != r.Window || r.Limits[0].RequestsPerUnit != r.RequestsPerUnit {
 					t.Fatalf("rule %s: limits %+v do not start with the rule's own", r.ID, r.Limits)
 				}
