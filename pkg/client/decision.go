@@ -188,10 +188,31 @@ type Result struct {
 	// Lease is, for a leased limit, what the replica that answered holds
 	// of its counter; nil when it holds nothing or the API does not tell.
 	Lease *Lease
+	// Concurrency is, in an answer of [Client.Acquire], the slots of the
+	// descriptor's concurrency limit; nil for a rule without one, and in
+	// other answers (Check and Peek take no slot).
+	Concurrency *Concurrency
+}
+
+// Concurrency is a concurrency limit's slots, as [Client.Acquire]
+// answers. When its slot is refused, the result is OutcomeOverLimit,
+// Remaining is the free slots (none) and RetryAfter the time until the
+// first holder's lease TTL ends: a release may free a slot sooner, and a
+// renewal later.
+type Concurrency struct {
+	// InFlight is the slots held, the request's own included when it
+	// took one.
+	InFlight uint64
+	// MaxInFlight is the limit's max_in_flight.
+	MaxInFlight uint64
+	// LeaseTTL is the limit's lease_ttl: how long a slot is held unless
+	// released or renewed.
+	LeaseTTL time.Duration
 }
 
 // NewDecision returns the decision of an own-API answer: the allowed and
-// results fields of a CheckResponse or a PeekResponse.
+// results fields of a CheckResponse, a PeekResponse or an
+// AcquireResponse.
 func NewDecision(allowed bool, results []*ratelimitdv1.DescriptorResult) Decision {
 	d := Decision{Allowed: allowed, Results: make([]Result, len(results))}
 	for i, pr := range results {
@@ -213,6 +234,9 @@ func NewDecision(allowed bool, results []*ratelimitdv1.DescriptorResult) Decisio
 		}
 		if ls := pr.GetLease(); ls != nil {
 			r.Lease = &Lease{Held: ls.GetHeld(), Ends: ls.GetEnds().AsDuration(), Rate: ls.GetRate()}
+		}
+		if cs := pr.GetConcurrency(); cs != nil {
+			r.Concurrency = &Concurrency{InFlight: cs.GetInFlight(), MaxInFlight: cs.GetMaxInFlight(), LeaseTTL: cs.GetLeaseTtl().AsDuration()}
 		}
 		r.Remaining = pr.GetRemaining()
 		r.ResetAfter = pr.GetResetAfter().AsDuration()

@@ -37,6 +37,21 @@ descriptors:
   # each hit ahead of it.
   - key: queue
     rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky_bucket, burst: 3}
+  # Concurrency limits: 2 in flight, each slot held until released or
+  # for 30s unless renewed; ...
+  - key: export
+    concurrency: {max_in_flight: 2, lease_ttl: 30s}
+  # ... beside a rate limit of 3 per minute; ...
+  - key: report
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    concurrency: {max_in_flight: 2, lease_ttl: 10s}
+  # ... 5 in flight, for many requests at once; ...
+  - key: pool
+    concurrency: {max_in_flight: 5, lease_ttl: 30s}
+  # ... and 1 in flight held for 1s unless renewed, for tests in real
+  # time.
+  - key: long
+    concurrency: {max_in_flight: 1, lease_ttl: 1s}
 `
 
 // epoch is a whole minute, where the servers' clocks start.
