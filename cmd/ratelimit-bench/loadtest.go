@@ -55,10 +55,13 @@ const (
 	groupLeased = "leased"
 	// groupFloors: what this machine costs before anything is decided.
 	groupFloors = "floors"
+	// groupSlots: Acquire+Release pairs of a concurrency limit on Redis,
+	// against the exact decision of one descriptor (loadtest_slots.go).
+	groupSlots = "slots"
 )
 
 // scenarioGroups lists every group, in table order.
-var scenarioGroups = []string{groupStandard, groupRedisBenchmark, groupLeased, groupFloors}
+var scenarioGroups = []string{groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots}
 
 // parseScenarios reads -scenarios: "all", or group names separated by
 // commas.
@@ -131,9 +134,11 @@ answers at once (ratelimit-bench floor-server), and a round trip to Redis.
       and leased on Redis, leased on the memory backend, with decisions
       per Redis call and the ratios of leased to exact and to memory
   %s: a grpc-go server answering at once, and a round trip to Redis
+  %s: Acquire+Release pairs of a concurrency limit on Redis (many keys,
+      one hot key, 1 caller), per pair, against one exact decision
 
 Flags:
-`, groupStandard, groupRedisBenchmark, groupLeased, groupFloors)
+`, groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -211,6 +216,9 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 		if err := writeRules(c.Config, c.Key); err != nil {
 			return nil, err
 		}
+		if err := writeSlotsRules(c.Config, c.Key); err != nil {
+			return nil, err
+		}
 		lt.logf("rules: %s", c.Config)
 	}
 	abs, err := filepath.Abs(c.Config)
@@ -220,6 +228,11 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 	c.Config = abs
 	if c.Groups[groupLeased] {
 		if err := checkLeasedRules(c.Config, c.Key); err != nil {
+			return nil, err
+		}
+	}
+	if c.Groups[groupSlots] {
+		if err := checkSlotsRules(c.Config, c.Key, c.Workers); err != nil {
 			return nil, err
 		}
 	}
@@ -237,8 +250,8 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 	rdb := goredis.NewClient(&goredis.Options{Addr: redisAddr, Protocol: 2, DisableIdentity: true})
 	defer rdb.Close()
 
-	var standardOnRedis, ceiling, standardOnMemory, leasedOnRedis, leasedOnMemory []scenario
-	if c.Groups[groupStandard] || c.Groups[groupLeased] {
+	var standardOnRedis, ceiling, standardOnMemory, leasedOnRedis, leasedOnMemory, slotsOnRedis []scenario
+	if c.Groups[groupStandard] || c.Groups[groupLeased] || c.Groups[groupSlots] {
 		rl, grpcAddr, err := lt.startRatelimitd(ctx, "ratelimitd-redis", "-backend", "redis", "-redis-url", "redis://"+redisAddr)
 		if err != nil {
 			return nil, err
@@ -267,6 +280,15 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 		if c.Groups[groupLeased] {
 			leased := lt.leasedRuns("ratelimitd, "+onRedis, "redis", zipfExact, zipfLeased)
 			if leasedOnRedis, err = lt.generateAll(ctx, leased, grpcAddr, procs, rdb); err != nil {
+				return nil, err
+			}
+		}
+		if c.Groups[groupSlots] {
+			var decision *scenario
+			if len(standardOnRedis) > 0 {
+				decision = &standardOnRedis[0] // Workers callers, closed loop
+			}
+			if slotsOnRedis, err = lt.slotsGroup(ctx, "ratelimitd, "+onRedis, grpcAddr, procs, rdb, decision); err != nil {
 				return nil, err
 			}
 		}
@@ -319,7 +341,7 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 	if c.Groups[groupLeased] {
 		rows = append(rows, compareLeased(leasedOnRedis, leasedOnMemory, c.Workers)...)
 	}
-	return append(rows, floors...), nil
+	return slices.Concat(rows, floors, slotsOnRedis), nil
 }
 
 // ceiling measures Redis running the decision code alone, called as the

@@ -61,6 +61,13 @@
 //	}
 //	// Admitted: call the partner's API.
 //
+// Concurrency limits cap the requests in flight at once rather than per
+// unit of time: [Client.Acquire] takes a slot and answers a lease id,
+// [Client.Release] gives it back and [Client.Renew] keeps it past its
+// lease TTL. [ConcurrencyMiddleware] and
+// [ConcurrencyUnaryServerInterceptor] hold a slot around every request of
+// a handler, released however it ends and renewed while it runs.
+//
 // The package imports nothing of ratelimitd but its generated API
 // (package ratelimitdv1), so that linking it into an application is
 // cheap.

@@ -321,3 +321,98 @@ func ExampleD() {
 	// user_id=alice
 	// user_id=alice,path=/upload hits=3
 }
+
+func ExampleClient_Acquire() {
+	addr, stop := ratelimitd() // "export": 2 in flight, lease_ttl 30s
+	defer stop()
+	c, err := client.New(addr, client.WithTimeout(time.Second))
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+
+	var leases []string
+	for range 3 {
+		s, err := c.Acquire(ctx, "api", client.D("export", "alice"))
+		if err != nil {
+			panic(err) // fail open or closed, as the work demands
+		}
+		r := s.Results[0]
+		fmt.Printf("allowed %v: %d of %d in flight, lease TTL %v, retry after %v\n",
+			s.Allowed, r.Concurrency.InFlight, r.Concurrency.MaxInFlight, s.TTL, r.RetryAfter)
+		if s.Allowed {
+			leases = append(leases, s.LeaseID)
+		}
+	}
+	// The work is done: give a slot back (with a context that has not
+	// ended, in earnest context.WithoutCancel of the request's).
+	released, err := c.Release(ctx, leases[0])
+	fmt.Println("released:", released, err)
+	released, err = c.Release(ctx, leases[0])
+	fmt.Println("released again:", released, err)
+	s, err := c.Acquire(ctx, "api", client.D("export", "alice"))
+	fmt.Println("allowed after the release:", s.Allowed, err)
+	// Output:
+	// allowed true: 1 of 2 in flight, lease TTL 30s, retry after 0s
+	// allowed true: 2 of 2 in flight, lease TTL 30s, retry after 0s
+	// allowed false: 2 of 2 in flight, lease TTL 0s, retry after 30s
+	// released: true <nil>
+	// released again: false <nil>
+	// allowed after the release: true <nil>
+}
+
+func ExampleConcurrencyMiddleware() {
+	addr, stop := ratelimitd() // "export": 2 in flight, lease_ttl 30s
+	defer stop()
+	c, err := client.New(addr, client.WithTimeout(time.Second))
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+
+	started, finish := make(chan struct{}), make(chan struct{})
+	export := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-finish // a long export
+		io.WriteString(w, "exported\n")
+	})
+	limit := client.ConcurrencyMiddleware(c, client.ConcurrencyOptions{
+		Domain: "api",
+		Descriptors: func(r *http.Request) []client.Descriptor {
+			return []client.Descriptor{client.D("export", r.Header.Get("X-User"))}
+		},
+	})
+	srv := httptest.NewServer(limit(export))
+	defer srv.Close()
+	get := func() string {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		req.Header.Set("X-User", "alice")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return fmt.Sprintf("%s, Retry-After=%q: %s", resp.Status, resp.Header.Get("Retry-After"), body)
+	}
+
+	// Two exports run; a third is refused while they do.
+	answers := make(chan string, 2)
+	for range 2 {
+		go func() { answers <- get() }()
+		<-started
+	}
+	fmt.Print(get())
+	close(finish)
+	fmt.Print(<-answers)
+	fmt.Print(<-answers)
+	// Their slots are back: the next export runs.
+	go func() { <-started }()
+	fmt.Print(get())
+	// Output:
+	// 429 Too Many Requests, Retry-After="30": rate limit exceeded
+	// 200 OK, Retry-After="": exported
+	// 200 OK, Retry-After="": exported
+	// 200 OK, Retry-After="": exported
+}
