@@ -329,6 +329,13 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Fatalf("-shutdown-timeout=%s: %v", s, err)
 		}
 	}
+	delay := 5 * time.Second
+	if s, ok := flags["shutdown-delay"]; ok {
+		var err error
+		if delay, err = time.ParseDuration(s); err != nil {
+			t.Fatalf("-shutdown-delay=%s: %v", s, err)
+		}
+	}
 	preStop := 0
 	if ps := c.Lifecycle.PreStop; ps != nil && ps.Sleep != nil {
 		preStop = ps.Sleep.Seconds
@@ -337,8 +344,8 @@ func TestKubernetesManifests(t *testing.T) {
 	if pod.TerminationGracePeriodSeconds != nil {
 		grace = *pod.TerminationGracePeriodSeconds
 	}
-	if need := time.Duration(preStop)*time.Second + shutdown; time.Duration(grace)*time.Second <= need {
-		t.Errorf("terminationGracePeriodSeconds %d leaves no margin over the preStop sleep (%ds) and -shutdown-timeout (%v)", grace, preStop, shutdown)
+	if need := time.Duration(preStop)*time.Second + delay + shutdown; time.Duration(grace)*time.Second <= need {
+		t.Errorf("terminationGracePeriodSeconds %d leaves no margin over the preStop sleep (%ds), -shutdown-delay (%v) and -shutdown-timeout (%v)", grace, preStop, delay, shutdown)
 	}
 
 	// The rules: -config is where the ConfigMap is mounted, and they load.

@@ -81,6 +81,8 @@ func startServer(t *testing.T, extraArgs ...string) *server {
 		"-grpc-addr", "127.0.0.1:0",
 		"-http-addr", "127.0.0.1:0",
 		"-log-format", "json",
+		// Stopped at once; TestShutdownDelay sets its own.
+		"-shutdown-delay", "0s",
 	}, extraArgs...)
 	s := &server{cmd: exec.Command(binary, args...), exited: make(chan struct{})}
 	stderr, err := s.cmd.StderrPipe()
@@ -338,6 +340,84 @@ func TestShutdownUnderLoad(t *testing.T) {
 	}
 	if ok == 0 {
 		t.Fatal("no call succeeded")
+	}
+}
+
+// TestShutdownDelay sends SIGTERM to a server with -shutdown-delay 2s:
+// at once its health checks (HTTP and gRPC) report not serving, while it
+// still decides every call, so that load balancers stop sending before
+// it goes; it closes its listeners only after the delay, then exits 0.
+func TestShutdownDelay(t *testing.T) {
+	t.Parallel()
+	const delay = 2 * time.Second
+	s := startServer(t, "-shutdown-delay", delay.String())
+	conn := s.dial(t)
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	health := healthpb.NewHealthClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	healthcheck := func() int {
+		resp, err := http.Get("http://" + s.httpAddr + "/healthcheck")
+		if err != nil {
+			t.Fatalf("GET /healthcheck: %v", err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	decide := func() error {
+		_, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "posts", Descriptors: []*rlv3.RateLimitDescriptor{
+			{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user_id", Value: "delay"}}}}})
+		return err
+	}
+	if code := healthcheck(); code != http.StatusOK {
+		t.Fatalf("/healthcheck before SIGTERM: %d", code)
+	}
+
+	sent := time.Now()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// Not serving within a moment of the signal...
+	for healthcheck() != http.StatusServiceUnavailable {
+		if time.Since(sent) > delay/2 {
+			t.Fatalf("/healthcheck still 200 %v after SIGTERM", time.Since(sent))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// ... and yet serving calls, for the delay.
+	checks := 0
+	for time.Since(sent) < delay-300*time.Millisecond {
+		if err := decide(); err != nil {
+			t.Fatalf("a call %v after SIGTERM, within the delay of %v: %v", time.Since(sent), delay, err)
+		}
+		hc, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Fatalf("gRPC health %v after SIGTERM: %v, %v; want NOT_SERVING", time.Since(sent), hc, err)
+		}
+		if code := healthcheck(); code != http.StatusServiceUnavailable {
+			t.Fatalf("/healthcheck %v after SIGTERM: %d, want 503", time.Since(sent), code)
+		}
+		checks++
+		time.Sleep(50 * time.Millisecond)
+	}
+	if checks == 0 {
+		t.Fatal("no call was made within the delay")
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("ratelimitd did not exit within 30s of SIGTERM")
+	}
+	if took := time.Since(sent); took < delay {
+		t.Fatalf("exited %v after SIGTERM, before the delay of %v", took, delay)
+	}
+	if s.waitErr != nil {
+		t.Fatalf("exit: %v", s.waitErr)
+	}
+	logs := strings.Join(s.logLines(), "\n")
+	if !strings.Contains(logs, "health checks report not serving") || !strings.Contains(logs, `"msg":"stopped"`) {
+		t.Fatalf("logs do not tell the delay and the stop:\n%s", logs)
 	}
 }
 

@@ -195,7 +195,7 @@ func (lt *loadtest) startRatelimitd(ctx context.Context, name string, extra ...s
 	args := append([]string{
 		"-config", lt.cfg.Config,
 		"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
-		"-log-format", "json", "-watch-config=false", "-shutdown-timeout", "1s",
+		"-log-format", "json", "-watch-config=false", "-shutdown-timeout", "1s", "-shutdown-delay", "0s",
 	}, extra...)
 	return lt.startServer(ctx, name, lt.cfg.Ratelimitd, args)
 }

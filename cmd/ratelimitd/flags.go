@@ -53,6 +53,7 @@ type serveConfig struct {
 	logLevel          string
 	logFormat         string
 	shutdownTimeout   time.Duration
+	shutdownDelay     time.Duration
 	bounds            service.Bounds
 	maxHits           uint64
 
@@ -122,6 +123,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.logLevel, "log-level", "info", "least important log `level` written: debug, info, warn, error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 15*time.Second, "on SIGTERM, how long in-flight calls may take before connections are closed")
+	fs.DurationVar(&c.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long health checks report not serving while calls are still served, before the listeners close (load balancers stop sending meanwhile); 0 closes at once")
 	fs.IntVar(&c.bounds.MaxDomainLen, "max-domain-bytes", service.DefaultMaxDomainLen, "longest domain a request may name, in bytes")
 	fs.IntVar(&c.bounds.MaxDescriptors, "max-descriptors", service.DefaultMaxDescriptors, "most descriptors one request may carry")
 	fs.IntVar(&c.bounds.MaxEntries, "max-entries", service.DefaultMaxEntries, "most entries one descriptor may carry")
@@ -231,6 +233,9 @@ func (c *serveConfig) validate() error {
 	}
 	if c.logFormat != "text" && c.logFormat != "json" {
 		return fmt.Errorf("invalid %s %q; accepted: text, json", c.source("log-format"), c.logFormat)
+	}
+	if c.shutdownDelay < 0 {
+		return fmt.Errorf("invalid %s %v; it must not be negative", c.source("shutdown-delay"), c.shutdownDelay)
 	}
 	if c.shutdownTimeout < 0 {
 		return fmt.Errorf("invalid %s %v; it must not be negative", c.source("shutdown-timeout"), c.shutdownTimeout)

@@ -92,6 +92,7 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"-backend", "redis", "-redis-url", "redis://:hunter2@a:1,redis://b:2"}, `invalid -redis-url: redis: standalone mode takes one address`},
 		{nil, []string{"-backend", "redis", "-redis-url", "http://:hunter2@a:1"}, `invalid -redis-url: redis: address 1 of the URL (http://:xxxxx@a:1)`},
 		{nil, []string{"-local-cache-keys", "-1"}, `invalid -local-cache-keys -1; it must not be negative`},
+		{nil, []string{"-shutdown-delay", "-1s"}, `invalid -shutdown-delay -1s; it must not be negative`},
 		{nil, []string{"-response-headers", "draft"}, `invalid value "draft" for flag -response-headers`},
 		{nil, []string{"-near-limit-ratio", "0"}, `invalid -near-limit-ratio 0; it must be above 0 and at most 1`},
 		{nil, []string{"-backend", "redis", "-redis-url", "redis://h:1", "-redis-coalesce", "-1"}, `invalid -redis-coalesce -1; it must not be negative`},

@@ -228,13 +228,23 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	var serveErr error
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down: draining in-flight calls", "timeout", c.shutdownTimeout)
 	case serveErr = <-failed:
 	}
 
-	// Health checks turn to not serving first, then the servers stop taking
-	// new calls and finish the ones in flight, within the timeout.
+	// Health checks turn to not serving first. While load balancers and
+	// Envoy's health checks notice, for the shutdown delay, every call is
+	// still served; then the servers stop taking new calls and finish the
+	// ones in flight, within the timeout. A server that failed skips the
+	// delay: it is not serving anyway.
 	svc.Drain()
+	if serveErr == nil && c.shutdownDelay > 0 {
+		log.Info("shutting down: health checks report not serving; still serving calls", "delay", c.shutdownDelay)
+		select {
+		case <-time.After(c.shutdownDelay):
+		case serveErr = <-failed:
+		}
+	}
+	log.Info("shutting down: draining in-flight calls", "timeout", c.shutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	stopped := make(chan struct{})
