@@ -84,7 +84,14 @@ func startServer(t *testing.T, extraArgs ...string) *server {
 		// Stopped at once; TestShutdownDelay sets its own.
 		"-shutdown-delay", "0s",
 	}, extraArgs...)
-	s := &server{cmd: exec.Command(binary, args...), exited: make(chan struct{})}
+	return startProcess(t, exec.Command(binary, args...))
+}
+
+// startProcess starts cmd, a ratelimitd logging JSON at level info or
+// more, and waits until it logs where it listens.
+func startProcess(t *testing.T, cmd *exec.Cmd) *server {
+	t.Helper()
+	s := &server{cmd: cmd, exited: make(chan struct{})}
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

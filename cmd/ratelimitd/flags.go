@@ -23,39 +23,41 @@ const envPrefix = "RATELIMITD_"
 
 // serveConfig is everything serve is configured with.
 type serveConfig struct {
-	config            string
-	grpcAddr          string
-	httpAddr          string
-	backend           string
-	memoryMaxKeys     int
-	redis             redis.Config
-	redisMode         string
-	redisPrefix       string
-	redisHashTag      string
-	redisClock        string
-	redisScripts      bool
-	redisCoalesce     int
-	localCacheKeys    int
-	lease             lease.Options
-	clockOffset       time.Duration
-	failureMode       string
-	grpcTLS           tlsconfig.Files
-	httpTLS           tlsconfig.Files
-	debugAddr         string
-	watchConfig       bool
-	tracing           bool
-	responseHeaders   service.HeaderStyle
-	nearLimitRatio    float64
-	maxDetailedSeries int
-	enableReset       bool
-	localShare        float64
-	breaker           breaker.Options
-	logLevel          string
-	logFormat         string
-	shutdownTimeout   time.Duration
-	shutdownDelay     time.Duration
-	bounds            service.Bounds
-	maxHits           uint64
+	config              string
+	grpcAddr            string
+	grpcMaxConnAge      time.Duration
+	grpcMaxConnAgeGrace time.Duration
+	httpAddr            string
+	backend             string
+	memoryMaxKeys       int
+	redis               redis.Config
+	redisMode           string
+	redisPrefix         string
+	redisHashTag        string
+	redisClock          string
+	redisScripts        bool
+	redisCoalesce       int
+	localCacheKeys      int
+	lease               lease.Options
+	clockOffset         time.Duration
+	failureMode         string
+	grpcTLS             tlsconfig.Files
+	httpTLS             tlsconfig.Files
+	debugAddr           string
+	watchConfig         bool
+	tracing             bool
+	responseHeaders     service.HeaderStyle
+	nearLimitRatio      float64
+	maxDetailedSeries   int
+	enableReset         bool
+	localShare          float64
+	breaker             breaker.Options
+	logLevel            string
+	logFormat           string
+	shutdownTimeout     time.Duration
+	shutdownDelay       time.Duration
+	bounds              service.Bounds
+	maxHits             uint64
 
 	// fromEnv maps the flags set from the environment to their variable,
 	// so that errors name what the user wrote.
@@ -82,7 +84,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&c.enableReset, "enable-reset", false, "let ratelimitd.v1.RateLimiter/Reset clear a descriptor's counters (an operator's tool; anyone who can reach the gRPC port can call it)")
 	fs.BoolVar(&c.tracing, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
 	fs.BoolVar(&c.watchConfig, "watch-config", true, "reload the rules when the files under -config change (a bad set is rejected whole; the last good rules keep serving)")
-	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, grpc.health.v1, reflection); port 0 picks a free port")
+	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, grpc.health.v1, reflection); port 0 picks a free port; unix:PATH listens on a Unix socket")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen `address` (/json, /healthcheck, /rlconfig); port 0 picks a free port")
 	fs.StringVar(&c.backend, "backend", "memory", "where counters live: memory (in this process) or redis (shared by every replica)")
 	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", memory.DefaultMaxKeys, "most keys the memory backend tracks at once; beyond it the entries nearest expiry are evicted")
@@ -106,6 +108,9 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.grpcTLS.Cert, "grpc-tls-cert", "", "PEM `file` of the gRPC listener's certificate chain; with -grpc-tls-key, gRPC is served over TLS (re-read when the file changes)")
 	fs.StringVar(&c.grpcTLS.Key, "grpc-tls-key", "", "PEM `file` of the key of -grpc-tls-cert")
 	fs.StringVar(&c.grpcTLS.ClientCA, "grpc-tls-client-ca", "", "PEM `file` of the CAs gRPC clients' certificates must chain to: requires client certificates (mutual TLS)")
+	fs.StringVar(&c.grpcTLS.ClientSAN, "grpc-tls-client-san", "", "with -grpc-tls-client-ca, the `name` (DNS or IP) client certificates must also be valid for")
+	fs.DurationVar(&c.grpcMaxConnAge, "grpc-max-connection-age", 0, "close each gRPC connection (GOAWAY) after this long, so clients reconnect and spread over new replicas; 0 keeps connections")
+	fs.DurationVar(&c.grpcMaxConnAgeGrace, "grpc-max-connection-age-grace", 0, "after -grpc-max-connection-age, how long calls in flight may take before the connection is cut; 0 waits for them")
 	fs.StringVar(&c.httpTLS.Cert, "http-tls-cert", "", "PEM `file` of the HTTP listener's certificate chain; with -http-tls-key, HTTP is served over TLS (re-read when the file changes)")
 	fs.StringVar(&c.httpTLS.Key, "http-tls-key", "", "PEM `file` of the key of -http-tls-cert")
 	fs.StringVar(&c.httpTLS.ClientCA, "http-tls-client-ca", "", "PEM `file` of the CAs HTTP clients' certificates must chain to: requires client certificates (mutual TLS)")
@@ -233,6 +238,16 @@ func (c *serveConfig) validate() error {
 	}
 	if c.logFormat != "text" && c.logFormat != "json" {
 		return fmt.Errorf("invalid %s %q; accepted: text, json", c.source("log-format"), c.logFormat)
+	}
+	if c.grpcMaxConnAge < 0 || c.grpcMaxConnAgeGrace < 0 {
+		name, v := "grpc-max-connection-age", c.grpcMaxConnAge
+		if v >= 0 {
+			name, v = "grpc-max-connection-age-grace", c.grpcMaxConnAgeGrace
+		}
+		return fmt.Errorf("invalid %s %v; it must not be negative", c.source(name), v)
+	}
+	if c.grpcTLS.ClientSAN != "" && c.grpcTLS.ClientCA == "" {
+		return fmt.Errorf("%s needs %s: only mutual TLS verifies client certificates", c.source("grpc-tls-client-san"), c.source("grpc-tls-client-ca"))
 	}
 	if c.shutdownDelay < 0 {
 		return fmt.Errorf("invalid %s %v; it must not be negative", c.source("shutdown-delay"), c.shutdownDelay)

@@ -4,8 +4,11 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"strings"
 
 	"github.com/ratelimitd/ratelimitd/pkg/tlsconfig"
 )
@@ -36,4 +39,18 @@ func debugHandler() http.Handler {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return mux
+}
+
+// listenGRPC listens on addr: host:port over TCP, or unix:PATH on a Unix
+// socket (envoyproxy/ratelimit's GRPC_UDS), replacing a socket file left
+// by a previous run.
+func listenGRPC(addr string) (net.Listener, error) {
+	path, ok := strings.CutPrefix(addr, "unix:")
+	if !ok {
+		return net.Listen("tcp", addr)
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		os.Remove(path)
+	}
+	return net.Listen("unix", path)
 }

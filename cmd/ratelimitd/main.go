@@ -12,6 +12,11 @@
 // RATELIMITD_ and the flag's name in upper case with dashes as
 // underscores, such as RATELIMITD_GRPC_ADDR; a flag on the command line
 // wins. Run "ratelimitd help" for the flags.
+//
+// Under the name ratelimit (envoyproxy/ratelimit's /bin/ratelimit), or
+// with RATELIMITD_COMPAT=envoyproxy, serve takes its configuration from
+// envoyproxy/ratelimit's environment variables instead
+// (docs/migrating.md).
 package main
 
 import (
@@ -36,7 +41,7 @@ const (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	os.Exit(Main(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+	os.Exit(Main(ctx, os.Args[1:], withCompatName(os.Args[0], os.LookupEnv), os.Stdout, os.Stderr))
 }
 
 // Main runs the command line args and returns the exit code. It reads the

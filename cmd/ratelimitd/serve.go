@@ -10,12 +10,14 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
@@ -62,16 +64,39 @@ const streamWorkers = 64
 
 // serve runs the servers until ctx is done, then drains them.
 func serve(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
+	compat, err := compatMode(lookupEnv)
+	if err != nil {
+		fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
+		return exitUsage
+	}
+	var compatFlags, notHonoured []string
+	var compatFrom map[string]string
+	if compat {
+		if compatFlags, notHonoured, compatFrom, err = compatArgs(lookupEnv); err != nil {
+			fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
+			return exitUsage
+		}
+		args = append(slices.Clip(compatFlags), args...)
+		lookupEnv = compatEnvironment(lookupEnv)
+	}
 	var c serveConfig
 	fs := newServeFlags(&c)
 	fs.Usage = func() { usage(stderr) }
-	var err error
 	if c.fromEnv, err = parseFlags(fs, args, lookupEnv, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
-		fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
+		fmt.Fprintf(stderr, "ratelimitd: %v%s\n", err, compatSource(err, compatFrom))
 		return exitUsage
+	}
+	if compat {
+		// Errors about a flag the reference's settings gave name them.
+		own := commandLineFlags(args[len(compatFlags):])
+		for name, from := range compatFrom {
+			if !own[name] {
+				c.fromEnv[name] = from
+			}
+		}
 	}
 	c.lookupEnv = lookupEnv
 	if err := c.validate(); err != nil {
@@ -79,6 +104,12 @@ func serve(ctx context.Context, args []string, lookupEnv func(string) (string, b
 		return exitUsage
 	}
 	log := newLogger(&c, stderr)
+	if compat {
+		log.Info("envoyproxy/ratelimit compatibility mode: configured from its environment", "flags", compatFlags)
+		if len(notHonoured) > 0 {
+			log.Warn("envoyproxy/ratelimit settings not honoured (docs/migrating.md)", "settings", notHonoured)
+		}
+	}
 	if err := run(ctx, &c, log); err != nil {
 		log.Error("ratelimitd stopped", "error", err)
 		return exitError
@@ -170,7 +201,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		return err
 	}
 
-	grpcLis, err := net.Listen("tcp", c.grpcAddr)
+	grpcLis, err := listenGRPC(c.grpcAddr)
 	if err != nil {
 		return fmt.Errorf("gRPC listener: %w", err)
 	}
@@ -193,6 +224,12 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	// (docs/performance.md). Calls beyond the pool get goroutines of their
 	// own, so the pool never makes a call wait.
 	grpcOpts = append(grpcOpts, grpc.NumStreamWorkers(streamWorkers))
+	if c.grpcMaxConnAge > 0 {
+		grpcOpts = append(grpcOpts, grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge:      c.grpcMaxConnAge,
+			MaxConnectionAgeGrace: c.grpcMaxConnAgeGrace,
+		}))
+	}
 	gs := grpc.NewServer(grpcOpts...)
 	svc.RegisterGRPC(gs)
 	hs := newHTTPServer(svc.WrapHTTP(withMetrics(svc.HTTPHandler(), reg)), log)

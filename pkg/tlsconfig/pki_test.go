@@ -77,6 +77,22 @@ func (ca *testCA) issue(t *testing.T, cn string, server bool) (certPEM, keyPEM [
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 }
 
+// clientFor returns a client certificate named cn, valid for the DNS
+// names dns, signed by the CA.
+func (ca *testCA) clientFor(t *testing.T, cn string, dns ...string) tls.Certificate {
+	t.Helper()
+	key := newKey(t)
+	tmpl := template(t, cn)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	tmpl.DNSNames = dns
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
 // client returns a client certificate named cn signed by the CA.
 func (ca *testCA) client(t *testing.T, cn string) tls.Certificate {
 	t.Helper()

@@ -45,6 +45,12 @@ const ReloadInterval = time.Second
 type Files struct {
 	Cert, Key string // the server's certificate chain and key; both or neither
 	ClientCA  string // when set, clients must present a certificate signed by one of these CAs (mutual TLS)
+	// ClientSAN, with ClientCA, also requires the client certificate to
+	// be valid for this name, as a server certificate is for its host
+	// name (x509.Certificate.VerifyHostname: a DNS name, wildcards
+	// included, or an IP address); envoyproxy/ratelimit's
+	// GRPC_CLIENT_TLS_SAN.
+	ClientSAN string
 }
 
 // Enabled reports whether any file is named, that is whether the listener
@@ -70,6 +76,8 @@ func Server(f Files, onReloadError func(error)) (*tls.Config, error) {
 		return nil, fmt.Errorf("TLS certificate file %s given without its key file", f.Cert)
 	case f.Cert == "":
 		return nil, fmt.Errorf("TLS key file %s given without its certificate file", f.Key)
+	case f.ClientSAN != "" && f.ClientCA == "":
+		return nil, fmt.Errorf("client SAN %q given without a client CA file: only mutual TLS verifies client certificates", f.ClientSAN)
 	}
 	if onReloadError == nil {
 		onReloadError = func(error) {}
@@ -95,6 +103,18 @@ func Server(f Files, onReloadError func(error)) (*tls.Config, error) {
 	}
 	cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	cfg.ClientCAs = pool
+	if san := f.ClientSAN; san != "" {
+		// Called after the chain is verified against the client CAs.
+		cfg.VerifyPeerCertificate = func(_ [][]byte, chains [][]*x509.Certificate) error {
+			if len(chains) == 0 || len(chains[0]) == 0 {
+				return errors.New("no verified client certificate")
+			}
+			if err := chains[0][0].VerifyHostname(san); err != nil {
+				return fmt.Errorf("client certificate not valid for the required SAN: %w", err)
+			}
+			return nil
+		}
+	}
 	r.template = cfg.Clone()
 	r.mtls = r.withCAs(pool)
 	// The configuration of each handshake is the one of the current CAs; cfg

@@ -177,6 +177,40 @@ func TestMutualTLS(t *testing.T) {
 	}
 }
 
+// TestClientSAN: with ClientSAN, a client certificate of the CA is
+// accepted only when valid for that name (a wildcard name covers it).
+func TestClientSAN(t *testing.T) {
+	t.Parallel()
+	ca := newCA(t, "ca")
+	dir := t.TempDir()
+	files := ca.serverFiles(t, dir, "server")
+	files.ClientCA = filepath.Join(dir, "ca.pem")
+	files.ClientSAN = "envoy.gateway.svc"
+	cfg, err := Server(files, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveGRPC(t, cfg)
+	roots := ca.pool()
+	for _, c := range []struct {
+		dns  []string
+		want codes.Code
+	}{
+		{[]string{"envoy.gateway.svc"}, codes.OK},
+		{[]string{"other.svc", "envoy.gateway.svc"}, codes.OK},
+		{[]string{"*.gateway.svc"}, codes.OK},
+		{[]string{"intruder.svc"}, codes.Unavailable},
+		{nil, codes.Unavailable},
+	} {
+		if err := check(t, addr, trusting(roots, ca.clientFor(t, "client", c.dns...))); status.Code(err) != c.want {
+			t.Errorf("client certificate for %q: %v, want %v", c.dns, err, c.want)
+		}
+	}
+	if _, err := Server(Files{Cert: files.Cert, Key: files.Key, ClientSAN: "x"}, nil); err == nil || !strings.Contains(err.Error(), "without a client CA") {
+		t.Errorf("ClientSAN without ClientCA: %v", err)
+	}
+}
+
 func TestRotation(t *testing.T) {
 	t.Parallel()
 	ca := newCA(t, "ca")

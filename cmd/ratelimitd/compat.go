@@ -1,0 +1,461 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Compatibility mode: ratelimitd configured by envoyproxy/ratelimit's
+// environment, so that a Deployment of the reference image switches by
+// changing the image alone. It is on when the binary runs under the name
+// "ratelimit" (the reference image's /bin/ratelimit) or with
+// RATELIMITD_COMPAT=envoyproxy. docs/migrating.md lists every setting.
+
+// compatEnv turns compatibility mode on; compatEnvoyproxy is its value.
+const (
+	compatEnv        = "RATELIMITD_COMPAT"
+	compatEnvoyproxy = "envoyproxy"
+	// compatBinary is the reference image's entry point, /bin/ratelimit.
+	compatBinary = "ratelimit"
+)
+
+// withCompatName returns lookupEnv, answering RATELIMITD_COMPAT=envoyproxy
+// when the program (argv[0]) is named ratelimit and the environment does
+// not say otherwise.
+func withCompatName(program string, lookupEnv func(string) (string, bool)) func(string) (string, bool) {
+	if filepath.Base(program) != compatBinary {
+		return lookupEnv
+	}
+	return func(name string) (string, bool) {
+		if v, ok := lookupEnv(name); ok || name != compatEnv {
+			return v, ok
+		}
+		return compatEnvoyproxy, true
+	}
+}
+
+// compatMode reports whether compatibility mode is on, or an error for a
+// value of RATELIMITD_COMPAT it does not know.
+func compatMode(lookupEnv func(string) (string, bool)) (bool, error) {
+	v, ok := lookupEnv(compatEnv)
+	switch {
+	case !ok || v == "":
+		return false, nil
+	case v == compatEnvoyproxy:
+		return true, nil
+	}
+	return false, fmt.Errorf("invalid %s %q; accepted: %s (configuration from envoyproxy/ratelimit's environment)", compatEnv, v, compatEnvoyproxy)
+}
+
+// ignoredSettings are the reference's settings compatibility mode does not
+// honour, with why: set to anything but their default, they are named in
+// one startup warning. None of them changes a decision.
+var ignoredSettings = map[string]string{
+	"REDIS_PIPELINE_WINDOW":                     "ratelimitd batches Redis calls by itself (-redis-coalesce)",
+	"REDIS_PIPELINE_LIMIT":                      "ratelimitd batches Redis calls by itself (-redis-coalesce)",
+	"REDIS_PERSECOND_PIPELINE_WINDOW":           "no per-second Redis",
+	"REDIS_PERSECOND_PIPELINE_LIMIT":            "no per-second Redis",
+	"REDIS_CLUSTER_PIPELINE_PARALLELISM":        "ratelimitd sends one call per Cluster slot, in parallel",
+	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":      "health stays serving with Redis down: the failure mode decides",
+	"REDIS_POOL_ON_EMPTY_BEHAVIOR":              "a call waits for a pooled connection up to -redis-read-timeout",
+	"REDIS_STARTUP_INITIAL_INTERVAL":            "ratelimitd starts without Redis and connects when it can",
+	"REDIS_STARTUP_MAX_INTERVAL":                "ratelimitd starts without Redis and connects when it can",
+	"REDIS_STARTUP_MAX_ELAPSED_TIME":            "ratelimitd starts without Redis and connects when it can",
+	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":      "the server's certificate is always verified",
+	"RESPONSE_DYNAMIC_METADATA":                 "not supported",
+	"LIMIT_LIMIT_HEADER":                        "headers use the standard names (RateLimit-Limit)",
+	"LIMIT_REMAINING_HEADER":                    "headers use the standard names (RateLimit-Remaining)",
+	"LIMIT_RESET_HEADER":                        "headers use the standard names (RateLimit-Reset)",
+	"USE_DOG_STATSD_MOGRIFIERS":                 "not supported",
+	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":  "not supported",
+	"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES":          "not supported",
+	"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "not supported",
+	"TRACING_SERVICE_NAMESPACE":                 "set OTEL_RESOURCE_ATTRIBUTES=service.namespace=…",
+	"TRACING_SERVICE_INSTANCE_ID":               "set OTEL_RESOURCE_ATTRIBUTES=service.instance.id=…",
+}
+
+// ignoredDefaults are the reference's defaults of ignored settings whose
+// default is not empty: set to it, a setting changes nothing and is not
+// warned of.
+var ignoredDefaults = map[string]string{
+	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":     "false",
+	"REDIS_POOL_ON_EMPTY_BEHAVIOR":             "WAIT",
+	"REDIS_PIPELINE_WINDOW":                    "0",
+	"REDIS_PIPELINE_LIMIT":                     "0",
+	"REDIS_CLUSTER_PIPELINE_PARALLELISM":       "1",
+	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":     "false",
+	"RESPONSE_DYNAMIC_METADATA":                "false",
+	"LIMIT_LIMIT_HEADER":                       "RateLimit-Limit",
+	"LIMIT_REMAINING_HEADER":                   "RateLimit-Remaining",
+	"LIMIT_RESET_HEADER":                       "RateLimit-Reset",
+	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS": "false",
+}
+
+// compat reads the reference's environment.
+type compat struct {
+	lookupEnv func(string) (string, bool)
+	args      []string          // the native flags the settings map to
+	from      map[string]string // flag name → the settings it comes from, for errors
+	ignored   []string          // settings set but not honoured, with why
+	errs      []string          // settings that cannot be honoured without changing decisions
+}
+
+// get returns the value of a reference setting, or def when unset or
+// empty (as the reference's envconfig does).
+func (c *compat) get(name, def string) string {
+	if v, ok := c.lookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+// bool reads a boolean setting as Go's strconv.ParseBool does, which the
+// reference uses.
+func (c *compat) bool(name string, def bool) bool {
+	v := c.get(name, strconv.FormatBool(def))
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		c.errs = append(c.errs, fmt.Sprintf("%s=%q is not a boolean", name, v))
+	}
+	return b
+}
+
+func (c *compat) duration(name, def string) string {
+	v := c.get(name, def)
+	if _, err := time.ParseDuration(v); err != nil {
+		c.errs = append(c.errs, fmt.Sprintf("%s=%q is not a duration such as 10s", name, v))
+	}
+	return v
+}
+
+// flag sets flag name to value, from the reference settings named by from
+// (errors about the flag name them).
+func (c *compat) flag(name, value, from string) {
+	c.args = append(c.args, "-"+name+"="+value)
+	c.from[name] = from
+}
+
+// refuse records a setting whose value ratelimitd cannot honour, and why.
+func (c *compat) refuse(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Sprintf(format, args...))
+}
+
+// compatArgs maps the reference's environment to ratelimitd's flags, in
+// the order they are given (the command line's own flags, after them,
+// win). ignored names each setting set but not honoured, from the
+// settings each flag comes from; err lists every setting whose value
+// cannot be honoured, such as one that would change decisions if
+// ratelimitd ran anyway.
+func compatArgs(lookupEnv func(string) (string, bool)) (args, ignored []string, from map[string]string, err error) {
+	c := &compat{lookupEnv: lookupEnv, from: map[string]string{}}
+	c.listeners()
+	c.logging()
+	c.rules()
+	c.backend()
+	c.limits()
+	c.tracing()
+	for _, name := range slices.Sorted(func(yield func(string) bool) {
+		for n := range ignoredSettings {
+			if !yield(n) {
+				return
+			}
+		}
+	}) {
+		if v, ok := lookupEnv(name); ok && v != "" && v != ignoredDefaults[name] {
+			c.ignored = append(c.ignored, name+" ("+ignoredSettings[name]+")")
+		}
+	}
+	if len(c.errs) > 0 {
+		return nil, nil, nil, fmt.Errorf("envoyproxy/ratelimit compatibility mode cannot honour its environment:\n  %s", strings.Join(c.errs, "\n  "))
+	}
+	return c.args, c.ignored, c.from, nil
+}
+
+// listeners: the reference's ports (HTTP 8080, gRPC 8081, debug 6070),
+// TLS and connection age.
+func (c *compat) listeners() {
+	c.flag("http-addr", net.JoinHostPort(c.get("HOST", "0.0.0.0"), c.get("PORT", "8080")), "HOST and PORT")
+	if uds := c.get("GRPC_UDS", ""); uds != "" {
+		c.flag("grpc-addr", "unix:"+uds, "GRPC_UDS")
+	} else {
+		c.flag("grpc-addr", net.JoinHostPort(c.get("GRPC_HOST", "0.0.0.0"), c.get("GRPC_PORT", "8081")), "GRPC_HOST and GRPC_PORT")
+	}
+	c.flag("debug-addr", net.JoinHostPort(c.get("DEBUG_HOST", "0.0.0.0"), c.get("DEBUG_PORT", "6070")), "DEBUG_HOST and DEBUG_PORT")
+	c.flag("grpc-max-connection-age", c.duration("GRPC_MAX_CONNECTION_AGE", "24h"), "GRPC_MAX_CONNECTION_AGE")
+	c.flag("grpc-max-connection-age-grace", c.duration("GRPC_MAX_CONNECTION_AGE_GRACE", "1h"), "GRPC_MAX_CONNECTION_AGE_GRACE")
+	if c.bool("GRPC_SERVER_USE_TLS", false) {
+		c.flag("grpc-tls-cert", c.get("GRPC_SERVER_TLS_CERT", ""), "GRPC_SERVER_TLS_CERT")
+		c.flag("grpc-tls-key", c.get("GRPC_SERVER_TLS_KEY", ""), "GRPC_SERVER_TLS_KEY")
+		if ca := c.get("GRPC_CLIENT_TLS_CACERT", ""); ca != "" {
+			c.flag("grpc-tls-client-ca", ca, "GRPC_CLIENT_TLS_CACERT")
+			if san := c.get("GRPC_CLIENT_TLS_SAN", ""); san != "" {
+				c.flag("grpc-tls-client-san", san, "GRPC_CLIENT_TLS_SAN")
+			}
+		}
+	}
+}
+
+// logging: the reference's levels are logrus's, in any case; its default
+// is warn.
+func (c *compat) logging() {
+	switch l := strings.ToLower(c.get("LOG_LEVEL", "warn")); l {
+	case "trace", "debug":
+		c.flag("log-level", "debug", "LOG_LEVEL")
+	case "info", "warn", "error":
+		c.flag("log-level", l, "LOG_LEVEL")
+	case "warning":
+		c.flag("log-level", "warn", "LOG_LEVEL")
+	case "fatal", "panic":
+		c.flag("log-level", "error", "LOG_LEVEL")
+	default:
+		c.refuse("LOG_LEVEL=%q is not a level; accepted: trace, debug, info, warn, error, fatal, panic", l)
+	}
+	c.flag("log-format", strings.ToLower(c.get("LOG_FORMAT", "text")), "LOG_FORMAT")
+}
+
+// rules: the reference reads RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
+// RUNTIME_APPDIRECTORY and, with RUNTIME_WATCH_ROOT, reloads when the
+// root's symbolic link is swapped; ratelimitd watches the directory and
+// the links on its path either way.
+func (c *compat) rules() {
+	switch t := c.get("CONFIG_TYPE", "FILE"); strings.ToUpper(t) {
+	case "FILE":
+	case "GRPC_XDS_SOTW":
+		c.refuse("CONFIG_TYPE=GRPC_XDS_SOTW: rules over xDS are not in this build")
+	default:
+		c.refuse("CONFIG_TYPE=%q; accepted: FILE, GRPC_XDS_SOTW", t)
+	}
+	dir := filepath.Join(c.get("RUNTIME_ROOT", "/srv/runtime_data/current"), c.get("RUNTIME_SUBDIRECTORY", ""), c.get("RUNTIME_APPDIRECTORY", "config"))
+	c.flag("config", dir, "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY")
+	c.flag("watch-config", "true", "RUNTIME_WATCH_ROOT")
+	c.bool("RUNTIME_WATCH_ROOT", true) // either way: checked, and honoured
+	if !c.bool("RUNTIME_IGNOREDOTFILES", false) {
+		// ratelimitd always skips dot files (and Kubernetes' ..data
+		// directories); the reference would load them.
+		c.ignored = append(c.ignored, "RUNTIME_IGNOREDOTFILES=false (rule files whose names start with a dot are always skipped)")
+	}
+	if c.bool("MERGE_DOMAIN_CONFIG", false) {
+		c.refuse("MERGE_DOMAIN_CONFIG=true: ratelimitd keeps each domain in one file, and refuses a domain defined twice rather than merge it")
+	}
+	if c.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false) {
+		c.ignored = append(c.ignored, "FORCE_START_WITHOUT_INITIAL_CONFIG (only rules over xDS wait for a first configuration)")
+	}
+	if c.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false) {
+		c.ignored = append(c.ignored, "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED (ratelimitd serves only once its rules are loaded)")
+	}
+}
+
+// backend: Redis, with the reference's URL forms.
+func (c *compat) backend() {
+	switch b := c.get("BACKEND_TYPE", "redis"); strings.ToLower(b) {
+	case "redis":
+	case "memcache":
+		c.refuse("BACKEND_TYPE=memcache: ratelimitd keeps counters in Redis or in memory, not in memcached; run Redis (BACKEND_TYPE=redis)")
+		return
+	default:
+		c.refuse("BACKEND_TYPE=%q; accepted: redis", b)
+		return
+	}
+	c.flag("backend", "redis", "BACKEND_TYPE")
+	if c.bool("REDIS_PERSECOND", false) {
+		c.refuse("REDIS_PERSECOND=true: ratelimitd keeps every counter in one Redis; per-second counts kept in REDIS_PERSECOND_URL by the reference would not be shared")
+	}
+	redisURL, err := referenceRedisURL(c.get("REDIS_SOCKET_TYPE", "unix"), c.get("REDIS_TYPE", "SINGLE"),
+		c.get("REDIS_URL", "/var/run/nutcracker/ratelimit.sock"), c.get("REDIS_AUTH", ""), c.bool("REDIS_TLS", false))
+	if err != nil {
+		c.refuse("%v", err)
+		return
+	}
+	c.flag("redis-url", redisURL.url, "REDIS_URL")
+	c.flag("redis-mode", redisURL.mode, "REDIS_TYPE")
+	if redisURL.master != "" {
+		c.flag("redis-master", redisURL.master, "REDIS_URL")
+	}
+	if auth := c.get("REDIS_SENTINEL_AUTH", ""); auth != "" {
+		user, pass, ok := strings.Cut(auth, ":")
+		if !ok {
+			user, pass = "", auth
+		}
+		if user != "" {
+			c.flag("redis-sentinel-username", user, "REDIS_SENTINEL_AUTH")
+		}
+		c.flag("redis-sentinel-password", pass, "REDIS_SENTINEL_AUTH")
+	}
+	c.flag("redis-pool-size", c.get("REDIS_POOL_SIZE", "10"), "REDIS_POOL_SIZE")
+	timeout := c.duration("REDIS_TIMEOUT", "10s")
+	c.flag("redis-read-timeout", timeout, "REDIS_TIMEOUT")
+	c.flag("redis-write-timeout", timeout, "REDIS_TIMEOUT")
+	for env, flag := range map[string]string{
+		"REDIS_TLS_CLIENT_CERT": "redis-tls-cert",
+		"REDIS_TLS_CLIENT_KEY":  "redis-tls-key",
+		"REDIS_TLS_CACERT":      "redis-tls-ca",
+	} {
+		if v := c.get(env, ""); v != "" {
+			c.flag(flag, v, env)
+		}
+	}
+}
+
+// limits: settings that shape decisions and what they report.
+func (c *compat) limits() {
+	ratio := c.get("NEAR_LIMIT_RATIO", "0.8")
+	if f, err := strconv.ParseFloat(ratio, 64); err != nil || !(f > 0 && f <= 1) {
+		c.refuse("NEAR_LIMIT_RATIO=%q; it must be a number above 0 and at most 1", ratio)
+	} else {
+		c.flag("near-limit-ratio", ratio, "NEAR_LIMIT_RATIO")
+	}
+	if v := c.get("LOCAL_CACHE_SIZE_IN_BYTES", "0"); v != "0" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			c.refuse("LOCAL_CACHE_SIZE_IN_BYTES=%q; it must be a whole number of bytes", v)
+		} else {
+			// The reference sizes its cache of over-limit keys in bytes;
+			// ratelimitd counts keys, about 128 bytes each.
+			c.flag("local-cache-keys", strconv.Itoa(max(n/128, 1)), "LOCAL_CACHE_SIZE_IN_BYTES")
+		}
+	}
+	if c.bool("SHADOW_MODE", false) {
+		c.refuse("SHADOW_MODE=true: a global shadow mode is not in this build; set shadow_mode: true on the rules instead")
+	}
+	if c.bool("QUOTA_MODE", false) {
+		c.refuse("QUOTA_MODE=true: a global quota mode is not in this build")
+	}
+	if c.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
+		c.flag("response-headers", "ratelimit", "LIMIT_RESPONSE_HEADERS_ENABLED")
+	}
+}
+
+// tracing: TRACING_* become the OpenTelemetry variables ratelimitd reads
+// (see compatEnvironment).
+func (c *compat) tracing() {
+	if c.bool("TRACING_ENABLED", false) {
+		c.flag("tracing", "true", "TRACING_ENABLED")
+		switch p := strings.ToLower(c.get("TRACING_EXPORTER_PROTOCOL", "http")); p {
+		case "http", "grpc":
+		default:
+			c.refuse("TRACING_EXPORTER_PROTOCOL=%q; accepted: http, grpc", p)
+		}
+	}
+}
+
+// compatEnvironment returns lookupEnv with the OpenTelemetry variables
+// the reference's TRACING_* settings stand for, unless set themselves.
+func compatEnvironment(lookupEnv func(string) (string, bool)) func(string) (string, bool) {
+	derived := map[string]string{}
+	get := func(name string) string {
+		v, _ := lookupEnv(name)
+		return v
+	}
+	derived["OTEL_SERVICE_NAME"] = orDefault(get("TRACING_SERVICE_NAME"), "RateLimit")
+	if strings.EqualFold(get("TRACING_EXPORTER_PROTOCOL"), "grpc") {
+		derived["OTEL_EXPORTER_OTLP_PROTOCOL"] = "grpc"
+	}
+	if r := get("TRACING_SAMPLING_RATE"); r != "" {
+		derived["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+		derived["OTEL_TRACES_SAMPLER_ARG"] = r
+	}
+	return func(name string) (string, bool) {
+		if v, ok := lookupEnv(name); ok {
+			return v, ok
+		}
+		v, ok := derived[name]
+		return v, ok
+	}
+}
+
+// orDefault returns v, or def when v is empty.
+func orDefault(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+// referenceRedis is a Redis of the reference's settings, as ratelimitd's
+// flags say it.
+type referenceRedis struct {
+	url, mode, master string
+}
+
+// referenceRedisURL turns the reference's Redis settings into a URL and a
+// mode. REDIS_URL is host:port (or a socket path with REDIS_SOCKET_TYPE
+// unix) for SINGLE, master,sentinel1,sentinel2… for SENTINEL, and
+// node1,node2… for CLUSTER; REDIS_AUTH is password or user:password.
+func referenceRedisURL(socketType, redisType, addrs, auth string, useTLS bool) (referenceRedis, error) {
+	scheme := "redis"
+	if useTLS {
+		scheme = "rediss"
+	}
+	var user *url.Userinfo
+	if auth != "" {
+		if u, p, ok := strings.Cut(auth, ":"); ok {
+			user = url.UserPassword(u, p)
+		} else {
+			user = url.UserPassword("", auth)
+		}
+	}
+	join := func(hosts []string) string {
+		out := make([]string, len(hosts))
+		for i, h := range hosts {
+			u := url.URL{Scheme: scheme, Host: strings.TrimSpace(h)}
+			if i == 0 {
+				u.User = user
+			}
+			out[i] = u.String()
+		}
+		return strings.Join(out, ",")
+	}
+	parts := strings.Split(addrs, ",")
+	switch strings.ToUpper(redisType) {
+	case "SINGLE":
+		switch strings.ToLower(socketType) {
+		case "unix":
+			if useTLS {
+				return referenceRedis{}, fmt.Errorf("REDIS_TLS=true with REDIS_SOCKET_TYPE=unix: TLS is for tcp")
+			}
+			u := url.URL{Scheme: "unix", Path: addrs, User: user}
+			return referenceRedis{url: u.String(), mode: "standalone"}, nil
+		case "tcp":
+			return referenceRedis{url: join(parts[:1]), mode: "standalone"}, nil
+		}
+		return referenceRedis{}, fmt.Errorf("REDIS_SOCKET_TYPE=%q; accepted: tcp, unix", socketType)
+	case "SENTINEL":
+		if len(parts) < 2 {
+			return referenceRedis{}, fmt.Errorf("REDIS_TYPE=SENTINEL needs REDIS_URL=master,sentinel1:port[,sentinel2:port…]; got %q", addrs)
+		}
+		return referenceRedis{url: join(parts[1:]), mode: "sentinel", master: strings.TrimSpace(parts[0])}, nil
+	case "CLUSTER":
+		return referenceRedis{url: join(parts), mode: "cluster"}, nil
+	}
+	return referenceRedis{}, fmt.Errorf("REDIS_TYPE=%q; accepted: SINGLE, SENTINEL, CLUSTER", redisType)
+}
+
+// commandLineFlags returns the names of the serve flags args set.
+func commandLineFlags(args []string) map[string]bool {
+	fs := newServeFlags(&serveConfig{})
+	fs.SetOutput(io.Discard)
+	set := map[string]bool{}
+	if fs.Parse(args) == nil {
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	}
+	return set
+}
+
+// compatSource returns, for an error of the flag package about a flag the
+// reference's settings gave, which settings those were.
+func compatSource(err error, from map[string]string) string {
+	for name, settings := range from {
+		if strings.Contains(err.Error(), "-"+name+":") {
+			return " (from envoyproxy/ratelimit's " + settings + ")"
+		}
+	}
+	return ""
+}

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestCompatMode(t *testing.T) {
+	for _, c := range []struct {
+		program string
+		env     env
+		want    bool
+		err     string
+	}{
+		{"ratelimitd", nil, false, ""},
+		{"/bin/ratelimit", nil, true, ""},
+		{"ratelimit", nil, true, ""},
+		{"/usr/local/bin/ratelimitd", env{"RATELIMITD_COMPAT": "envoyproxy"}, true, ""},
+		{"/bin/ratelimit", env{"RATELIMITD_COMPAT": ""}, false, ""}, // set empty: off, even under the name
+		{"ratelimitd", env{"RATELIMITD_COMPAT": "gubernator"}, false, `invalid RATELIMITD_COMPAT "gubernator"; accepted: envoyproxy`},
+	} {
+		got, err := compatMode(withCompatName(c.program, c.env.lookup))
+		if got != c.want || (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%s with %v: %v, %v; want %v, %q", c.program, c.env, got, err, c.want, c.err)
+		}
+	}
+}
+
+// TestCompatDefaults: with nothing set, the reference's defaults: its
+// ports, its rule directory, a Redis on its Unix socket, warn logs.
+func TestCompatDefaults(t *testing.T) {
+	args, ignored, _, err := compatArgs(env{}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"-http-addr=0.0.0.0:8080", "-grpc-addr=0.0.0.0:8081", "-debug-addr=0.0.0.0:6070",
+		"-grpc-max-connection-age=24h", "-grpc-max-connection-age-grace=1h",
+		"-log-level=warn", "-log-format=text",
+		"-config=/srv/runtime_data/current/config", "-watch-config=true",
+		"-backend=redis", "-redis-url=unix:///var/run/nutcracker/ratelimit.sock", "-redis-mode=standalone",
+		"-redis-pool-size=10", "-redis-read-timeout=10s", "-near-limit-ratio=0.8",
+	} {
+		if !slices.Contains(args, want) {
+			t.Errorf("defaults lack %s: %q", want, args)
+		}
+	}
+	if len(ignored) != 1 || !strings.HasPrefix(ignored[0], "RUNTIME_IGNOREDOTFILES=false") {
+		t.Errorf("ignored %q; want only the dot files the reference loads by default", ignored)
+	}
+}
+
+// TestCompatEnvoyGateway: the environment Envoy Gateway gives the
+// reference's container (rules from files here; over xDS in the
+// integration test).
+func TestCompatEnvoyGateway(t *testing.T) {
+	args, ignored, from, err := compatArgs(env{
+		"RUNTIME_ROOT":           "/data",
+		"RUNTIME_SUBDIRECTORY":   "ratelimit",
+		"RUNTIME_IGNOREDOTFILES": "true",
+		"RUNTIME_WATCH_ROOT":     "false",
+		"LOG_LEVEL":              "info",
+		"GRPC_SERVER_USE_TLS":    "true",
+		"GRPC_SERVER_TLS_CERT":   "/certs/tls.crt",
+		"GRPC_SERVER_TLS_KEY":    "/certs/tls.key",
+		"GRPC_CLIENT_TLS_CACERT": "/certs/ca.crt",
+		"REDIS_SOCKET_TYPE":      "tcp",
+		"REDIS_URL":              "redis.envoy-gateway-system.svc.cluster.local:6379",
+	}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"-config=/data/ratelimit/config", "-log-level=info",
+		"-grpc-tls-cert=/certs/tls.crt", "-grpc-tls-key=/certs/tls.key", "-grpc-tls-client-ca=/certs/ca.crt",
+		"-redis-url=redis://redis.envoy-gateway-system.svc.cluster.local:6379",
+	} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args lack %s: %q", want, args)
+		}
+	}
+	if len(ignored) != 0 {
+		t.Errorf("ignored %q", ignored)
+	}
+	if from["config"] != "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY" || from["redis-url"] != "REDIS_URL" {
+		t.Errorf("sources %v", from)
+	}
+}
+
+func TestReferenceRedisURL(t *testing.T) {
+	for _, c := range []struct {
+		socket, typ, url, auth string
+		tls                    bool
+		want                   referenceRedis
+		err                    string
+	}{
+		{"tcp", "SINGLE", "redis:6379", "", false, referenceRedis{url: "redis://redis:6379", mode: "standalone"}, ""},
+		{"tcp", "single", "redis:6379", "s3cret", true, referenceRedis{url: "rediss://:s3cret@redis:6379", mode: "standalone"}, ""},
+		{"tcp", "SINGLE", "redis:6379", "app:s3cret", false, referenceRedis{url: "redis://app:s3cret@redis:6379", mode: "standalone"}, ""},
+		{"unix", "SINGLE", "/var/run/redis.sock", "", false, referenceRedis{url: "unix:///var/run/redis.sock", mode: "standalone"}, ""},
+		{"tcp", "SENTINEL", "mymaster,s1:26379, s2:26379", "pw", false, referenceRedis{url: "redis://:pw@s1:26379,redis://s2:26379", mode: "sentinel", master: "mymaster"}, ""},
+		{"tcp", "CLUSTER", "n1:7000,n2:7001,n3:7002", "", false, referenceRedis{url: "redis://n1:7000,redis://n2:7001,redis://n3:7002", mode: "cluster"}, ""},
+		{"tcp", "SENTINEL", "s1:26379", "", false, referenceRedis{}, "REDIS_URL=master,sentinel1:port"},
+		{"udp", "SINGLE", "redis:6379", "", false, referenceRedis{}, `REDIS_SOCKET_TYPE="udp"`},
+		{"tcp", "RING", "redis:6379", "", false, referenceRedis{}, `REDIS_TYPE="RING"`},
+		{"unix", "SINGLE", "/s.sock", "", true, referenceRedis{}, "TLS is for tcp"},
+	} {
+		got, err := referenceRedisURL(c.socket, c.typ, c.url, c.auth, c.tls)
+		if got != c.want || (err == nil) != (c.err == "") || err != nil && !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%s %s %q: %+v, %v; want %+v, %q", c.socket, c.typ, c.url, got, err, c.want, c.err)
+		}
+	}
+}
+
+// TestCompatRefuses: settings that would change decisions stop the start,
+// every one of them named at once.
+func TestCompatRefuses(t *testing.T) {
+	_, _, _, err := compatArgs(env{
+		"BACKEND_TYPE":        "redis",
+		"REDIS_PERSECOND":     "true",
+		"MERGE_DOMAIN_CONFIG": "true",
+		"SHADOW_MODE":         "true",
+		"NEAR_LIMIT_RATIO":    "1.5",
+		"LOG_LEVEL":           "loud",
+	}.lookup)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"REDIS_PERSECOND=true", "MERGE_DOMAIN_CONFIG=true", "SHADOW_MODE=true", `NEAR_LIMIT_RATIO="1.5"`, `LOG_LEVEL="loud"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not name %s:\n%v", want, err)
+		}
+	}
+	_, _, _, err = compatArgs(env{"BACKEND_TYPE": "memcache"}.lookup)
+	if err == nil || !strings.Contains(err.Error(), "BACKEND_TYPE=memcache") || !strings.Contains(err.Error(), "run Redis") {
+		t.Errorf("memcache: %v", err)
+	}
+}
+
+// TestCompatIgnored: a setting not honoured is named once set to other
+// than its default, with why.
+func TestCompatIgnored(t *testing.T) {
+	_, ignored, _, err := compatArgs(env{
+		"RUNTIME_IGNOREDOTFILES":               "true",
+		"REDIS_PIPELINE_WINDOW":                "150us",
+		"REDIS_PIPELINE_LIMIT":                 "0", // its default
+		"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true",
+	}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ignored) != 2 || !strings.HasPrefix(ignored[0], "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION (") || !strings.HasPrefix(ignored[1], "REDIS_PIPELINE_WINDOW (ratelimitd batches") {
+		t.Errorf("ignored %q", ignored)
+	}
+}
+
+// TestCompatServe: serve in compatibility mode names the setting behind a
+// bad flag value, and a command-line flag still wins over the settings.
+func TestCompatServe(t *testing.T) {
+	var stderr bytes.Buffer
+	code := Main(context.Background(), []string{"serve"}, env{
+		"RATELIMITD_COMPAT": "envoyproxy",
+		"REDIS_POOL_SIZE":   "many",
+	}.lookup, &stderr, &stderr)
+	if code != exitUsage || !strings.Contains(stderr.String(), "REDIS_POOL_SIZE") {
+		t.Errorf("exit %d:\n%s", code, stderr.String())
+	}
+	stderr.Reset()
+	code = Main(context.Background(), []string{"serve", "-redis-pool-size", "-3"}, env{
+		"RATELIMITD_COMPAT": "envoyproxy",
+		"REDIS_SOCKET_TYPE": "tcp",
+		"REDIS_URL":         "127.0.0.1:1",
+	}.lookup, &stderr, &stderr)
+	if code != exitUsage || !strings.Contains(stderr.String(), "invalid -redis-pool-size -3") {
+		t.Errorf("exit %d:\n%s", code, stderr.String())
+	}
+	stderr.Reset()
+	root := t.TempDir()
+	if err := os.Mkdir(filepath.Join(root, "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "config", "a.yaml"), []byte("domain: a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code = Main(context.Background(), []string{"serve"}, env{
+		"RATELIMITD_COMPAT": "envoyproxy",
+		"REDIS_SOCKET_TYPE": "tcp",
+		"REDIS_URL":         "127.0.0.1:1",
+		"RUNTIME_ROOT":      root,
+		"PORT":              "99999",
+	}.lookup, &stderr, &stderr)
+	if code == exitOK || !strings.Contains(stderr.String(), "99999") {
+		t.Errorf("exit %d:\n%s", code, stderr.String())
+	}
+}

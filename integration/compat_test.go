@@ -1,0 +1,127 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+)
+
+// asReference copies the ratelimitd binary to a directory of the test as
+// bin/ratelimit, the reference image's entry point, and returns its path.
+func asReference(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "bin", "ratelimit")
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// referenceEnv is the environment of a reference container on free
+// loopback ports, with rules in root/ratelimit/config and Redis at addr,
+// plus extra.
+func referenceEnv(root, redisAddr string, extra ...string) []string {
+	return append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOST=127.0.0.1", "PORT=0",
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0",
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=0",
+		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true",
+		"LOG_LEVEL=info", "LOG_FORMAT=json",
+		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
+		"USE_STATSD=false",
+	}, extra...)
+}
+
+// TestReferenceEnvironment starts the binary as /bin/ratelimit with a
+// reference container's environment only, no flag: it serves the rule
+// files of RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config from the Redis of
+// REDIS_URL, answers /healthcheck, and names in one warning the settings
+// it does not honour.
+func TestReferenceEnvironment(t *testing.T) {
+	t.Parallel()
+	redis := redistest.Start(t)
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rules := "domain: gateway\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"
+	if err := os.WriteFile(filepath.Join(dir, "gateway.yaml"), []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(asReference(t))
+	cmd.Env = referenceEnv(root, redis.Addr, "REDIS_PIPELINE_WINDOW=150us")
+	s := startProcess(t, cmd)
+
+	rls := rlsv3.NewRateLimitServiceClient(s.dial(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var codes []rlsv3.RateLimitResponse_Code
+	for range 3 {
+		resp, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "gateway", Descriptors: []*rlv3.RateLimitDescriptor{
+			{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		codes = append(codes, resp.OverallCode)
+	}
+	if want := []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT}; !slices.Equal(codes, want) {
+		t.Errorf("decisions %v, want %v", codes, want)
+	}
+	// The count is in the Redis of REDIS_URL.
+	admin := goredis.NewClient(&goredis.Options{Addr: redis.Addr})
+	defer admin.Close()
+	if n, err := admin.DBSize(ctx).Result(); err != nil || n == 0 {
+		t.Errorf("keys in the Redis of REDIS_URL: %d, %v; want the counter", n, err)
+	}
+	resp, err := http.Get("http://" + s.httpAddr + "/healthcheck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/healthcheck: %d %s", resp.StatusCode, body)
+	}
+	logs := strings.Join(s.logLines(), "\n")
+	for _, want := range []string{"compatibility mode", "settings not honoured", "REDIS_PIPELINE_WINDOW"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("logs do not say %q:\n%s", want, logs)
+		}
+	}
+}
+
+// TestReferenceEnvironmentRefused: a setting that would change decisions
+// stops the start with exit code 2, naming it.
+func TestReferenceEnvironmentRefused(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(asReference(t))
+	cmd.Env = referenceEnv(t.TempDir(), "127.0.0.1:1", "REDIS_PERSECOND=true", "REDIS_PERSECOND_URL=127.0.0.1:2")
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.ExitCode() != 2 || !strings.Contains(string(out), "REDIS_PERSECOND=true") {
+		t.Fatalf("exit %v, want 2 naming REDIS_PERSECOND:\n%s", err, out)
+	}
+}
