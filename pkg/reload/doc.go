@@ -49,6 +49,16 @@
 // moment before the kubelet removes it; a load in that moment fails and is
 // rejected, and the removal that follows triggers the load that succeeds.
 //
+// # Swapped runtime roots
+//
+// envoyproxy/ratelimit's runtime convention deploys rules as snapshots
+// under a root that is a symbolic link, RUNTIME_ROOT=/srv/runtime_data/current
+// pointing at the latest snapshot, swapped by renaming a new link over it.
+// A watch on the rule directory follows the old snapshot's directory, so
+// the watcher also watches the directory of every symbolic link on the
+// path; an event naming such a link moves the watch to the new target and
+// loads it. Edits inside the snapshot in force load as usual.
+//
 // # Failures of the watch itself
 //
 // When the watched directory is removed or renamed away, the watcher logs

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -55,9 +56,13 @@ type Options struct {
 // Watcher reloads rule files when they change. Build it with [New] and run
 // it with [Watcher.Run]; its counters may be read from any goroutine.
 type Watcher struct {
-	path     string
-	dir      string // the directory watched
-	file     string // base name of the rule file; "" when path is a directory
+	path string
+	dir  string // the directory watched
+	file string // base name of the rule file; "" when path is a directory
+	// links are the symbolic links on the path (a runtime root such as
+	// /srv/runtime_data/current swapped to a new directory); each one's
+	// directory is watched too, and its replacement reloads.
+	links    []string
 	debounce time.Duration
 	maxWait  time.Duration
 	retry    time.Duration
@@ -126,8 +131,29 @@ func New(opts Options) (*Watcher, error) {
 		fsw.Close()
 		return nil, fmt.Errorf("reload: watching %s: %w", w.dir, err)
 	}
+	for _, link := range linksOn(w.dir) {
+		if err := fsw.Add(filepath.Dir(link)); err != nil {
+			fsw.Close()
+			return nil, fmt.Errorf("reload: watching the link %s: %w", link, err)
+		}
+		w.links = append(w.links, link)
+	}
 	w.fsw = fsw
 	return w, nil
+}
+
+// linksOn returns the symbolic links among dir and its parent
+// directories, as dir names them (not resolved).
+func linksOn(dir string) []string {
+	var links []string
+	for p := filepath.Clean(dir); ; p = filepath.Dir(p) {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			links = append(links, p)
+		}
+		if parent := filepath.Dir(p); parent == p {
+			return links
+		}
+	}
 }
 
 // Reloads returns the number of rule sets applied.
@@ -195,6 +221,25 @@ func (w *Watcher) Run(ctx context.Context) error {
 			if !ok {
 				events = nil
 				continue
+			}
+			if name := filepath.Clean(ev.Name); slices.Contains(w.links, name) {
+				// A link on the path was replaced: the directory watched
+				// is the old target's. Watch the new one, and load it.
+				if ev.Has(fsnotify.Create) && watching {
+					_ = w.fsw.Remove(w.dir)
+					if err := w.fsw.Add(w.dir); err != nil {
+						watching = false
+						w.log.Warn("rules directory gone after a link swap; keeping the rules in force", "dir", w.dir, "link", name, "retry_every", w.retry)
+						retry = time.NewTicker(w.retry)
+						retryC = retry.C
+						continue
+					}
+					w.log.Info("a link on the rules path was replaced; loading its new target", "link", name)
+					schedule()
+				}
+				continue
+			} else if name != w.dir && filepath.Dir(name) != w.dir {
+				continue // another name in a link's directory
 			}
 			if filepath.Clean(ev.Name) == w.dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
 				if watching {

@@ -756,3 +756,56 @@ func TestInFlightDuringSwaps(t *testing.T) {
 	}
 	t.Logf("answers: %d under 1000/hour, %d under 2000/hour", seen[0].Load(), seen[1].Load())
 }
+
+// TestRuntimeRootSwap: rules under a runtime root whose link is swapped
+// to a new directory, as envoyproxy/ratelimit's runtime is deployed
+// (RUNTIME_ROOT=/srv/runtime_data/current, current -> a new snapshot). The
+// directory watched is the old snapshot's; the swap loads the new one,
+// and the old one's removal rejects nothing.
+func TestRuntimeRootSwap(t *testing.T) {
+	root := t.TempDir()
+	snapshot := func(name string, perHourLimit int) string {
+		dir := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Join(dir, "ratelimit", "config"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "ratelimit", "config", "api.yaml"), []byte(rule("api", "per_user", perHourLimit)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	current := filepath.Join(root, "current")
+	swap := func(target string) {
+		tmp := current + ".tmp"
+		if err := os.Symlink(target, tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, current); err != nil {
+			t.Fatal(err)
+		}
+	}
+	swap(snapshot("v1", 10))
+	h := start(t, filepath.Join(current, "ratelimit", "config"), setup{})
+
+	swap(snapshot("v2", 20))
+	if got := perHour(h.nextApply(t), "api"); got != 20 {
+		t.Fatalf("after the swap to v2: %d per hour, want 20", got)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "v1")); err != nil {
+		t.Fatal(err)
+	}
+	swap(snapshot("v3", 30))
+	if got := perHour(h.nextApply(t), "api"); got != 30 {
+		t.Fatalf("after the swap to v3: %d per hour, want 30", got)
+	}
+	// Edits inside the snapshot in force still load.
+	if err := os.WriteFile(filepath.Join(root, "v3", "ratelimit", "config", "api.yaml"), []byte(rule("api", "per_user", 40)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := perHour(h.nextApply(t), "api"); got != 40 {
+		t.Fatalf("after an edit in v3: %d per hour, want 40", got)
+	}
+	if got := h.w.Rejections(); got != 0 {
+		t.Fatalf("Rejections() = %d, want 0", got)
+	}
+}
