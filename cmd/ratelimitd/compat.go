@@ -323,10 +323,10 @@ func (c *compat) limits() {
 		}
 	}
 	if c.bool("SHADOW_MODE", false) {
-		c.refuse("SHADOW_MODE=true: a global shadow mode is not in this build; set shadow_mode: true on the rules instead")
+		c.flag("shadow-mode", "true", "SHADOW_MODE")
 	}
 	if c.bool("QUOTA_MODE", false) {
-		c.refuse("QUOTA_MODE=true: a global quota mode is not in this build")
+		c.flag("quota-mode", "true", "QUOTA_MODE")
 	}
 	if c.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
 		c.flag("response-headers", "ratelimit", "LIMIT_RESPONSE_HEADERS_ENABLED")

@@ -124,14 +124,13 @@ func TestCompatRefuses(t *testing.T) {
 		"BACKEND_TYPE":        "redis",
 		"REDIS_PERSECOND":     "true",
 		"MERGE_DOMAIN_CONFIG": "true",
-		"SHADOW_MODE":         "true",
 		"NEAR_LIMIT_RATIO":    "1.5",
 		"LOG_LEVEL":           "loud",
 	}.lookup)
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"REDIS_PERSECOND=true", "MERGE_DOMAIN_CONFIG=true", "SHADOW_MODE=true", `NEAR_LIMIT_RATIO="1.5"`, `LOG_LEVEL="loud"`} {
+	for _, want := range []string{"REDIS_PERSECOND=true", "MERGE_DOMAIN_CONFIG=true", `NEAR_LIMIT_RATIO="1.5"`, `LOG_LEVEL="loud"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not name %s:\n%v", want, err)
 		}

@@ -50,6 +50,8 @@ type serveConfig struct {
 	nearLimitRatio      float64
 	maxDetailedSeries   int
 	enableReset         bool
+	shadowMode          bool
+	quotaMode           bool
 	localShare          float64
 	breaker             breaker.Options
 	logLevel            string
@@ -81,6 +83,8 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*) or structured (RateLimit-Policy and RateLimit); Retry-After when over the limit")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", service.DefaultNearLimitRatio, "share of a limit past which an admitted descriptor counts as near_limit in the metrics")
 	fs.IntVar(&c.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
+	fs.BoolVar(&c.shadowMode, "shadow-mode", false, "answer every request of Envoy's API OK overall, while each descriptor is still decided, counted and reported (envoyproxy/ratelimit's SHADOW_MODE): to try rules in production")
+	fs.BoolVar(&c.quotaMode, "quota-mode", false, "decide every rule as one with quota_mode: true (envoyproxy/ratelimit's QUOTA_MODE)")
 	fs.BoolVar(&c.enableReset, "enable-reset", false, "let ratelimitd.v1.RateLimiter/Reset clear a descriptor's counters (an operator's tool; anyone who can reach the gRPC port can call it)")
 	fs.BoolVar(&c.tracing, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
 	fs.BoolVar(&c.watchConfig, "watch-config", true, "reload the rules when the files under -config change (a bad set is rejected whole; the last good rules keep serving)")

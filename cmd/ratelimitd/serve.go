@@ -161,6 +161,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
 		Observer: mets, EnableReset: c.enableReset, Leases: be.leases,
+		ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
 	})
 	if err != nil {
 		return err

@@ -189,10 +189,13 @@ func (s *Service) ownResults(req *rlsv3.RateLimitRequest, sc *scratch, observe b
 			} else {
 				r.RetryAfter = durationpb.New(d.RetryAfter)
 			}
-			if !r.Shadow {
+			if !r.Shadow && !c.quota {
 				allowed = false
 			}
 		}
+	}
+	if quotaRefuses(sc) {
+		allowed = false
 	}
 	return allowed, results
 }

@@ -43,6 +43,10 @@ type check struct {
 	// one for an override, one per limit of its rule; and, in Acquire, its
 	// rule's concurrency slot is reqs[slot] (-1 for none).
 	req, n, slot int
+	// quota marks a rule in quota mode (quota_mode, or the service's
+	// QuotaMode): its refusal refuses the request only when every quota
+	// descriptor of the request is refused.
+	quota bool
 }
 
 // scratch is one call's working space, pooled so that a decision allocates
@@ -53,6 +57,7 @@ type scratch struct {
 	decisions []algo.Decision
 	keys      []byte
 	keyEnds   []int // keyEnds[i] is the end of reqs[i].Key in keys
+	quotaMode bool  // every rule is in quota mode (Options.QuotaMode)
 }
 
 // rlsDescriptor views an RLS descriptor as a config.Descriptor. It is a
@@ -138,17 +143,47 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				break
 			}
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			if !c.quota {
+				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
 			if s.log.Enabled(ctx, slog.LevelDebug) {
 				s.log.DebugContext(ctx, "over limit", "domain", req.Domain, "descriptor", i,
 					"rule", ruleID(c), "limit", j, "retry_after", d.RetryAfter)
 			}
 		}
 	}
+	if quotaRefuses(sc) {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if s.shadowMode {
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+	}
 	if pick.d != nil {
 		resp.ResponseHeadersToAdd = s.responseHeaders(sc, &pick, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
 	}
 	return resp, nil
+}
+
+// quotaRefuses reports whether the quota descriptors of a decided request
+// refuse it, as envoyproxy/ratelimit's quota mode does: when there is at
+// least one, and every one of them is over its limit. (Quota rules in
+// shadow mode never refuse, and do not count.)
+func quotaRefuses(sc *scratch) bool {
+	quotas, over := 0, 0
+	for i := range sc.checks {
+		c := &sc.checks[i]
+		if c.kind != counted || !c.quota || c.n == 0 || c.rule != nil && c.rule.ShadowMode {
+			continue
+		}
+		quotas++
+		for _, d := range sc.decisions[c.req : c.req+c.n] {
+			if !d.Allowed {
+				over++
+				break
+			}
+		}
+	}
+	return quotas > 0 && over == quotas
 }
 
 // plan matches every descriptor of req and fills sc with the checks and
@@ -203,13 +238,16 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 			continue
 		}
 		// Each limit counts under its own key: the descriptor's, ended by
-		// the limit's algorithm and window.
+		// the limit's algorithm and window. A quota rule's refusal does not
+		// refuse the batch: whether it refuses the request depends on the
+		// other quota descriptors (quotaRefuses).
+		c.quota = c.rule.QuotaMode || sc.quotaMode
 		for j := range c.rule.Limits {
 			if j > 0 {
 				sc.keys = append(sc.keys, sc.keys[start:end]...)
 			}
 			l := &c.rule.Limits[j]
-			sc.add(ruleLimit(l), h, c.rule.ShadowMode, l.Consistency == config.Leased)
+			sc.add(ruleLimit(l), h, c.rule.ShadowMode || c.quota, l.Consistency == config.Leased)
 		}
 		c.n = len(c.rule.Limits)
 		if cl := c.rule.Concurrency; slots && cl != nil {
@@ -416,6 +454,7 @@ func (s *Service) getScratch(n int) *scratch {
 	sc.decisions = sc.decisions[:cap(sc.decisions)]
 	sc.keys = sc.keys[:0]
 	sc.keyEnds = sc.keyEnds[:0]
+	sc.quotaMode = s.quotaMode
 	return sc
 }
 

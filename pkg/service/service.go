@@ -63,6 +63,14 @@ type Options struct {
 	// leased limits (the lease engine in front of the backend): Peek,
 	// Check and POST /explain show it. Nil when nothing is leased.
 	Leases algo.LeaseReader
+	// ShadowMode answers every request of Envoy's API OK, as
+	// envoyproxy/ratelimit's SHADOW_MODE does: each descriptor is decided,
+	// counted and reported (OVER_LIMIT included) as usual; only the
+	// overall code never refuses.
+	ShadowMode bool
+	// QuotaMode decides every rule as one with quota_mode: true
+	// (envoyproxy/ratelimit's QUOTA_MODE).
+	QuotaMode bool
 }
 
 // Service decides rate limits. Create it with [New]; it is safe for
@@ -90,6 +98,8 @@ type Service struct {
 	enableReset    bool
 	headers        HeaderStyle
 	leases         algo.LeaseReader
+	shadowMode     bool
+	quotaMode      bool
 }
 
 // New returns a service deciding with backend under rules.
@@ -143,6 +153,8 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		enableReset:    opts.EnableReset,
 		headers:        opts.ResponseHeaders,
 		leases:         opts.Leases,
+		shadowMode:     opts.ShadowMode,
+		quotaMode:      opts.QuotaMode,
 	}
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

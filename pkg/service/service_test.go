@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -373,15 +374,78 @@ descriptors:
 	}
 }
 
-// TestQuotaModeLimitsLikeAnyOther pins a documented difference: quota_mode
-// is accepted, not yet acted on.
-func TestQuotaModeLimitsLikeAnyOther(t *testing.T) {
-	f := newFixture(t, testRules)
-	for range 7 {
-		f.call(t, request("messaging", desc("model", "m")))
+// quotaRules has two quota-mode rules, a plain rule and a shadow one, of
+// one hit a minute each (the plain one 5).
+const quotaRules = `domain: q
+descriptors:
+  - {key: a, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: b, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: c, rate_limit: {unit: minute, requests_per_unit: 5}}
+`
+
+// TestQuotaMode: as envoyproxy/ratelimit's quota_mode, a quota rule over
+// its limit reports OVER_LIMIT for its descriptor, and refuses the request
+// only when every quota descriptor of the request is over; a plain rule
+// over its limit refuses as always. With the service's QuotaMode every
+// rule is a quota rule.
+func TestQuotaMode(t *testing.T) {
+	f := newFixture(t, quotaRules)
+	codes := func(resp *rlsv3.RateLimitResponse) []rlsv3.RateLimitResponse_Code {
+		out := []rlsv3.RateLimitResponse_Code{resp.OverallCode}
+		for _, st := range resp.Statuses {
+			out = append(out, st.Code)
+		}
+		return out
 	}
-	if resp := f.call(t, request("messaging", desc("model", "m"))); resp.OverallCode != over {
-		t.Fatalf("8th call to a quota_mode rule of 7: %v", resp)
+	for i, c := range []struct {
+		ds   []*rlv3.RateLimitDescriptor
+		want []rlsv3.RateLimitResponse_Code // overall, then each descriptor
+	}{
+		// a and b each have their one hit.
+		{[]*rlv3.RateLimitDescriptor{desc("a", "1"), desc("b", "1")}, []rlsv3.RateLimitResponse_Code{ok, ok, ok}},
+		// Both quotas over: refused.
+		{[]*rlv3.RateLimitDescriptor{desc("a", "1"), desc("b", "1")}, []rlsv3.RateLimitResponse_Code{over, over, over}},
+		// One quota over, one fresh: admitted, the over one told.
+		{[]*rlv3.RateLimitDescriptor{desc("a", "1"), desc("b", "2")}, []rlsv3.RateLimitResponse_Code{ok, over, ok}},
+		// A quota over beside a plain rule within its limit: the only quota
+		// is over, so refused.
+		{[]*rlv3.RateLimitDescriptor{desc("a", "1"), desc("c", "1")}, []rlsv3.RateLimitResponse_Code{over, over, ok}},
+	} {
+		if got := codes(f.call(t, request("q", c.ds...))); !slices.Equal(got, c.want) {
+			t.Errorf("call %d: codes %v, want %v", i+1, got, c.want)
+		}
+	}
+
+	// Everything in quota mode: a plain rule's refusal alone no longer
+	// refuses when another quota descriptor is within its limit.
+	be := memory.New(memory.Options{Now: f.clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { be.Close() })
+	g := newFixtureOpts(t, quotaRules, be, f.clock, Options{QuotaMode: true})
+	for range 5 {
+		g.call(t, request("q", desc("c", "1")))
+	}
+	if got := codes(g.call(t, request("q", desc("c", "1"), desc("a", "9")))); !slices.Equal(got, []rlsv3.RateLimitResponse_Code{ok, over, ok}) {
+		t.Errorf("QuotaMode: codes %v, want OK overall, c over, a ok", got)
+	}
+}
+
+// TestGlobalShadowMode: the service's ShadowMode answers OK overall while
+// each descriptor is decided, counted and reported as usual.
+func TestGlobalShadowMode(t *testing.T) {
+	clk := &testClock{}
+	clk.ns.Store(start.UnixNano())
+	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	t.Cleanup(func() { be.Close() })
+	f := newFixtureOpts(t, quotaRules, be, clk, Options{ShadowMode: true})
+	for i := range 7 {
+		resp := f.call(t, request("q", desc("c", "1")))
+		wantDesc := ok
+		if i >= 5 {
+			wantDesc = over
+		}
+		if resp.OverallCode != ok || resp.Statuses[0].Code != wantDesc {
+			t.Fatalf("call %d: overall %v, descriptor %v; want OK, %v", i+1, resp.OverallCode, resp.Statuses[0].Code, wantDesc)
+		}
 	}
 }
 
