@@ -200,7 +200,7 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 			p.unknown(f, field, descriptorFields)
 		}
 	}
-	elem.Wildcard = strings.HasSuffix(elem.Value, "*")
+	elem.Wildcard = isWildcard(elem.Value)
 	switch {
 	case keyNode == nil:
 		p.fail(item, field+".key", "missing; every descriptor has a key")
@@ -210,7 +210,7 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 		return
 	}
 	if elem.ShareThreshold && !elem.Wildcard {
-		p.fail(share, field+".share_threshold", "applies only to a wildcard value, one ending in \"*\"; this descriptor's value is %q", elem.Value)
+		p.fail(share, field+".share_threshold", "applies only to a wildcard value, one holding \"*\" (such as \"files/*\" or \"/api*v1\"); this descriptor's value is %q", elem.Value)
 	}
 	id := pair{elem.Key, elem.Value}
 	if first, dup := firsts[id]; dup {
@@ -231,7 +231,7 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 		}
 		level.keyOnly[elem.Key] = child
 	case elem.Wildcard:
-		level.wildcards = append(level.wildcards, wildcard{key: elem.Key, prefix: strings.TrimSuffix(elem.Value, "*"), node: child})
+		level.wildcards = append(level.wildcards, newWildcard(elem.Key, elem.Value, child))
 	default:
 		if level.exact == nil {
 			level.exact = make(map[pair]*node)
