@@ -459,12 +459,18 @@ descriptors:
   - key: path
     value: /files/*
     rate_limit: {unit: second, requests_per_unit: 10}
+  - key: route
+    value: svc*ep*rpc
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: 10}
 `
 
 var benchDescriptors = map[string]entries{
 	"exact_then_key":   {{"message_type", "marketing"}, {"to_number", "2061111111"}},
 	"key_only":         {{"to_number", "2061111111"}},
 	"wildcard":         {{"path", "/files/report.pdf"}},
+	"wildcard_glob":    {{"route", "svcUsersepGetrpc"}},
+	"wildcard_literal": {{"path", "/files/*"}},
 	"no_match":         {{"unknown", "x"}},
 	"too_deep_no_rule": {{"to_number", "1"}, {"x", "y"}},
 }

@@ -2,7 +2,7 @@
 //
 // Rule files use the YAML format of envoyproxy/ratelimit (the "Lyft"
 // format): one domain per file and a tree of descriptors, each with a key,
-// an optional value (exact, or a wildcard ending in "*") and an optional
+// an optional value (exact, or a wildcard holding "*") and an optional
 // rate_limit. Every field of that format is accepted, so its rule files load
 // unchanged, plus ratelimitd's extensions: rate_limit.algorithm,
 // rate_limit.burst, a descriptor's rate_limits (several limits decided

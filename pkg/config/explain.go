@@ -16,9 +16,12 @@ const (
 	// NoMatch: nothing at the level matches the entry.
 	NoMatch MatchKind = iota
 	// ByValue: a descriptor with the entry's key and exactly its value.
+	// A wildcard whose pattern is the entry's value, byte for byte, is
+	// matched this way too, as envoyproxy/ratelimit does.
 	ByValue
 	// ByWildcard: the first descriptor, in file order, with the entry's
-	// key and a value ending in "*" whose prefix starts the entry's value.
+	// key and a wildcard value (holding "*") that matches the entry's
+	// value.
 	ByWildcard
 	// ByKeyDefault: a descriptor with the entry's key and no value, which
 	// matches any value.
@@ -112,7 +115,7 @@ type Step struct {
 	// Kind is how the entry matched.
 	Kind MatchKind
 	// Elem is the rule-file descriptor matched: its key, its value (a
-	// pattern ending in "*" for a wildcard, empty for a key-only
+	// pattern holding "*" for a wildcard, empty for a key-only
 	// descriptor) and flags. Zero when Kind is NoMatch.
 	Elem PathElem
 	// Rule is the rule of the descriptor matched, nil when it has no
@@ -183,10 +186,14 @@ func (n *node) explainChild(depth int, k, v string, next *node) Step {
 	if c := n.exact[pair{k, v}]; c != nil {
 		hits = append(hits, hit{ByValue, c, PathElem{Key: k, Value: v}})
 	}
+	lit := n.literal(k, v)
+	if lit != nil {
+		hits = append(hits, hit{ByValue, lit.node, PathElem{Key: k, Value: v, Wildcard: true}})
+	}
 	for i := range n.wildcards {
 		w := &n.wildcards[i]
-		if w.key == k && strings.HasPrefix(v, w.prefix) {
-			hits = append(hits, hit{ByWildcard, w.node, PathElem{Key: k, Value: w.prefix + "*", Wildcard: true}})
+		if w != lit && w.key == k && w.matches(v) {
+			hits = append(hits, hit{ByWildcard, w.node, PathElem{Key: k, Value: w.pattern, Wildcard: true}})
 		}
 	}
 	if c := n.keyOnly[k]; c != nil {
@@ -219,7 +226,7 @@ func (n *node) candidates(depth int, key string) []PathElem {
 	})
 	for i := range n.wildcards {
 		w := &n.wildcards[i]
-		out = append(out, w.node.elem(depth, PathElem{Key: w.key, Value: w.prefix + "*", Wildcard: true}))
+		out = append(out, w.node.elem(depth, PathElem{Key: w.key, Value: w.pattern, Wildcard: true}))
 	}
 	for k, c := range n.keyOnly {
 		out = append(out, c.elem(depth, PathElem{Key: k}))
@@ -318,9 +325,16 @@ func (s *Step) why(level int) string {
 	switch s.Kind {
 	case ByValue:
 		fmt.Fprintf(&b, "matched the descriptor with key %q and value %q exactly", s.Elem.Key, s.Elem.Value)
+		if s.Elem.Wildcard {
+			b.WriteString(" (a wildcard's pattern, taken literally)")
+		}
 	case ByWildcard:
-		fmt.Fprintf(&b, "matched the wildcard %s, the first wildcard of key %q in file order whose prefix starts the value (no descriptor has the exact value)",
-			elemText(s.Elem), s.Elem.Key)
+		how := "whose pattern matches the value"
+		if i := strings.IndexByte(s.Elem.Value, '*'); i == len(s.Elem.Value)-1 {
+			how = "whose prefix starts the value"
+		}
+		fmt.Fprintf(&b, "matched the wildcard %s, the first wildcard of key %q in file order %s (no descriptor has the exact value)",
+			elemText(s.Elem), s.Elem.Key, how)
 		if s.Elem.ShareThreshold {
 			b.WriteString("; with share_threshold, every value matching it shares one counter")
 		} else {

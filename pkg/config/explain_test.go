@@ -70,6 +70,52 @@ descriptors:
   - key: healthcheck
 `
 
+// globRules has wildcards of every form envoyproxy/ratelimit accepts: "*"
+// inside the value, several of them, leading, alone, doubled, overlapping
+// each other, with and without share_threshold, on levels with and without
+// limits of their own.
+const globRules = `
+domain: glob
+descriptors:
+  - key: path
+    value: /api*v1
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: path
+    value: "*.pdf"
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: path
+    value: /api/v1
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: route
+    value: svc*ep*rpc
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 50}
+  - key: route
+    value: svc**
+    rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: route
+    value: "*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 70}
+  - key: tenant
+    value: t*prod
+    share_threshold: true
+    descriptors:
+      - key: resource
+        value: res*v2
+        share_threshold: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+      - key: resource
+        value: "*a*a*"
+        rate_limit: {unit: minute, requests_per_unit: 61}
+`
+
 func explainDomain(t testing.TB) *Domain {
 	t.Helper()
 	return parse(t, explainRules).Domain("explain")
@@ -83,7 +129,7 @@ func explainDomain(t testing.TB) *Domain {
 // that every outcome and every kind of match is reached often. The rule
 // sets are explainRules, the reference rule file and the examples.
 func TestExplainAgreesWithMatch(t *testing.T) {
-	domains := []*Domain{explainDomain(t)}
+	domains := []*Domain{explainDomain(t), parse(t, globRules).Domain("glob")}
 	for _, path := range []string{"testdata/valid/reference.yaml", "../../examples"} {
 		rules, err := Load(path)
 		if err != nil {
@@ -144,7 +190,9 @@ func newDescGen(d *Domain) *descGen {
 		g.paths = append(g.paths, r.Path)
 		for _, e := range r.Path {
 			g.keys = append(g.keys, e.Key)
-			g.values = append(g.values, e.Value, strings.TrimSuffix(e.Value, "*"))
+			// The value itself (a wildcard's pattern taken literally) and,
+			// for a wildcard, its pattern with every "*" dropped.
+			g.values = append(g.values, e.Value, strings.ReplaceAll(e.Value, "*", ""))
 		}
 	}
 	return g
@@ -178,22 +226,49 @@ func (g *descGen) descriptor(rng *rand.Rand) entries {
 // value returns a value for an entry walking to e: mostly one that matches
 // it, sometimes a near miss.
 func (g *descGen) value(rng *rand.Rand, e PathElem) string {
-	prefix := strings.TrimSuffix(e.Value, "*")
 	switch rng.IntN(6) {
 	case 0:
 		return g.values[rng.IntN(len(g.values))]
-	case 1: // a near miss: one byte short
-		if prefix != "" {
-			return prefix[:len(prefix)-1]
+	case 1: // a near miss: one byte of the value, or of a wildcard's literal text, dropped
+		if lit := strings.ReplaceAll(e.Value, "*", ""); lit != "" {
+			i := rng.IntN(len(lit))
+			return lit[:i] + lit[i+1:]
 		}
 	}
 	switch {
 	case e.Value == "":
 		return g.values[rng.IntN(len(g.values))] + "v"
 	case e.Wildcard:
-		return prefix + []string{"", "1", "abc", "*"}[rng.IntN(4)]
+		// Each "*" stands for a run of its own: empty, a byte, several, or
+		// a "*" (the pattern taken literally when every run is one).
+		var b strings.Builder
+		for i, part := range strings.Split(e.Value, "*") {
+			if i > 0 {
+				b.WriteString([]string{"", "1", "abc", "*"}[rng.IntN(4)])
+			}
+			b.WriteString(part)
+		}
+		return b.String()
 	}
 	return e.Value
+}
+
+// globOracle reports whether v matches pattern, each "*" matching any run
+// of bytes: a plain backtracking matcher, written independently of the
+// package's, for the tests to judge it by.
+func globOracle(pattern, v string) bool {
+	if pattern == "" {
+		return v == ""
+	}
+	if pattern[0] == '*' {
+		for i := 0; i <= len(v); i++ {
+			if globOracle(pattern[1:], v[i:]) {
+				return true
+			}
+		}
+		return false
+	}
+	return v != "" && v[0] == pattern[0] && globOracle(pattern[1:], v[1:])
 }
 
 func ruleName(r *Rule) string {
@@ -222,8 +297,7 @@ func checkExplanation(t *testing.T, desc entries, e *Explanation) {
 				fail("step %d matched nothing but the walk went on or it names a match", i)
 			}
 			for _, a := range s.Available {
-				if a.Key == s.Key && (a.Value == "" || a.Value == s.Value ||
-					a.Wildcard && strings.HasPrefix(s.Value, strings.TrimSuffix(a.Value, "*"))) {
+				if a.Key == s.Key && (a.Value == "" || a.Value == s.Value || a.Wildcard && globOracle(a.Value, s.Value)) {
 					fail("step %d matched nothing, yet it lists %+v, which matches", i, a)
 				}
 			}
@@ -233,12 +307,12 @@ func checkExplanation(t *testing.T, desc entries, e *Explanation) {
 			fail("step %d matched a descriptor of key %q", i, s.Elem.Key)
 		}
 		switch s.Kind {
-		case ByValue:
-			if s.Elem.Value != s.Value || s.Elem.Wildcard {
+		case ByValue: // a wildcard too, when the value is its pattern
+			if s.Elem.Value != s.Value {
 				fail("step %d matched by value %+v", i, s.Elem)
 			}
 		case ByWildcard:
-			if !s.Elem.Wildcard || !strings.HasPrefix(s.Value, strings.TrimSuffix(s.Elem.Value, "*")) {
+			if !s.Elem.Wildcard || !globOracle(s.Elem.Value, s.Value) {
 				fail("step %d matched by wildcard %+v", i, s.Elem)
 			}
 		case ByKeyDefault:
@@ -247,7 +321,7 @@ func checkExplanation(t *testing.T, desc entries, e *Explanation) {
 			}
 		}
 		for _, o := range s.Outranked {
-			if o.Key != s.Key || elemKind(o) < s.Kind {
+			if o.Key != s.Key || elemKind(o) < s.Kind || o.Wildcard && !globOracle(o.Value, s.Value) {
 				fail("step %d: %+v outranked by a %v match", i, o, s.Kind)
 			}
 		}

@@ -74,12 +74,13 @@ type Descriptor interface {
 
 // Match returns the rule for descriptor desc, or nil when none applies.
 // It matches as envoyproxy/ratelimit does: level by level, an entry first
-// matches a rule with the same key and value, then the first wildcard rule
-// (in file order) whose value is a prefix of the entry's value, then a
-// key-only rule; the descriptor matches when every entry matched, level by
-// level, and the last one reached a rule (a rate_limit, rate_limits or
-// concurrency). A descriptor with
-// more or fewer entries than the rule's nesting does not match.
+// matches a descriptor with the same key and value (a wildcard's pattern
+// included, taken literally), then the first wildcard descriptor (in file
+// order) whose pattern matches the entry's value, each "*" standing for any
+// run of bytes, then a key-only descriptor; the descriptor matches when
+// every entry matched, level by level, and the last one reached a rule (a
+// rate_limit, rate_limits or concurrency). A descriptor with more or fewer
+// entries than the rule's nesting does not match.
 //
 // Match does not allocate.
 func (d *Domain) Match(desc Descriptor) *Rule {
@@ -102,30 +103,43 @@ func (d *Domain) Match(desc Descriptor) *Rule {
 // node is one level of a domain's descriptor tree.
 type node struct {
 	exact     map[pair]*node   // key with an exact value
-	wildcards []wildcard       // key with a value ending in "*", in file order
+	wildcards []wildcard       // key with a value holding "*", in file order
 	keyOnly   map[string]*node // key without a value: matches any value
 	rule      *Rule            // nil when the descriptor has no rate_limit
 }
 
 type pair struct{ key, value string }
 
-type wildcard struct {
-	key, prefix string
-	node        *node
-}
-
 // child returns the child node matching entry (k, v), or nil.
 func (n *node) child(k, v string) *node {
 	if c := n.exact[pair{k, v}]; c != nil {
 		return c
 	}
+	if w := n.literal(k, v); w != nil {
+		return w.node
+	}
 	for i := range n.wildcards {
 		w := &n.wildcards[i]
-		if w.key == k && strings.HasPrefix(v, w.prefix) {
+		if w.key == k && w.matches(v) {
 			return w.node
 		}
 	}
 	return n.keyOnly[k]
+}
+
+// literal returns the wildcard of key k whose pattern is exactly v, or nil.
+// envoyproxy/ratelimit looks such a value up as an exact one, before any
+// wildcard is tried, so it wins over a wildcard earlier in the file.
+func (n *node) literal(k, v string) *wildcard {
+	if len(n.wildcards) == 0 || !isWildcard(v) {
+		return nil
+	}
+	for i := range n.wildcards {
+		if w := &n.wildcards[i]; w.key == k && w.pattern == v {
+			return w
+		}
+	}
+	return nil
 }
 
 // Rule is a descriptor with a rate_limit block, or with a rate_limits list
@@ -250,11 +264,12 @@ func (l Limit) Capacity() uint64 {
 type PathElem struct {
 	Key string
 	// Value is the value the level matches: empty for any value, or a
-	// pattern ending in "*" when Wildcard.
+	// pattern holding "*" when Wildcard, each "*" matching any run of
+	// bytes ("files/*", "/api*v1", "svc*ep*rpc", "*").
 	Value    string
 	Wildcard bool
 	// ShareThreshold makes every value matching the wildcard share one
-	// counter, instead of one counter per value.
+	// counter, keyed by the pattern, instead of one counter per value.
 	ShareThreshold bool
 	ValueToMetric  bool
 }

@@ -49,7 +49,8 @@ func AppendEntry(dst []byte, k, v string) []byte {
 }
 
 // AppendShared appends a descriptor entry whose value is replaced by the
-// wildcard pattern (such as "files/*") that every matching value shares.
+// wildcard pattern as written (such as "files/*" or "/api*v1") that every
+// matching value shares.
 func AppendShared(dst []byte, k, pattern string) []byte {
 	dst = append(dst, '*')
 	return appendString(appendString(dst, k), pattern)

@@ -140,7 +140,7 @@ type ExplainLevel struct {
 }
 
 // ExplainRuleDescriptor is a descriptor of a rule file: its key, its value
-// (a pattern ending in "*" for a wildcard, empty for a key-only
+// (a pattern holding "*" for a wildcard, empty for a key-only
 // descriptor) and its share_threshold.
 type ExplainRuleDescriptor struct {
 	Key            string `json:"key"`

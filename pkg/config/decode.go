@@ -1,41 +1,25 @@
 package config
 
+// Decoding: walking the YAML tree of one rule file into the values of its
+// fields. Every mapping's fields are checked against the fields it accepts
+// and every scalar against its type here; what the values must satisfy
+// together is validate.go's, and building the domain from them build.go's.
+
 import (
 	"bytes"
 	"errors"
 	"fmt"
 	"io"
-	"math/bits"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 )
 
-// Bounds on what a rule file may say.
-const (
-	// MaxDomainLen is the longest domain name, the longest a request may
-	// carry.
-	MaxDomainLen = 255
-	// MaxWindow is the longest window unit × unit_multiplier may make.
-	MaxWindow = 100 * 365 * 24 * time.Hour
-	// MaxBucket bounds requests_per_unit and burst of the bucket
-	// algorithms (token_bucket, leaky_bucket, gcra), MaxRefill the time
-	// their bucket takes to refill from empty (burst × window /
-	// requests_per_unit), and MaxLog requests_per_unit of
-	// sliding_window_log, which keeps one timestamp per admitted hit.
-	// They mirror package algo's bounds of exact arithmetic, so every
-	// limit a rule file states is one algo computes.
-	MaxBucket = 1 << 26
-	MaxRefill = MaxWindow
-	MaxLog    = 10_000
-	maxUint32 = 1<<32 - 1
-	// maxNodes bounds the YAML nodes walked in one file, every use of an
-	// alias counting its nodes again: far above any real rule file, far
-	// below what a file of nested or repeated aliases can expand to.
-	maxNodes = 200_000
-)
+// maxNodes bounds the YAML nodes walked in one file, every use of an alias
+// counting its nodes again: far above any real rule file, far below what a
+// file of nested or repeated aliases can expand to.
+const maxNodes = 200_000
 
 // The fields each mapping accepts, as error messages list them.
 const (
@@ -48,7 +32,8 @@ const (
 )
 
 // parser walks the YAML tree of one file, building its domain and recording
-// every problem it meets; it never stops at the first.
+// every problem it meets; it never stops at the first. Its methods are
+// spread by concern over decode.go, validate.go and build.go.
 type parser struct {
 	file       string
 	errs       []*Error
@@ -79,9 +64,19 @@ func (p *parser) failEmpty() {
 	p.fail(&yaml.Node{Line: 1, Column: 1}, "", "the file is empty; a rule file holds a domain and its descriptors")
 }
 
-// parseFile returns the file's domain, or nil when the file is not even a
-// YAML mapping. Problems are in p.errs either way.
-func (p *parser) parseFile(data []byte) *Domain {
+// rawDomain is the top level of a rule file, decoded.
+type rawDomain struct {
+	root        *yaml.Node // the file's mapping
+	name        string
+	failureMode FailureMode
+	descriptors *yaml.Node // nil when absent
+}
+
+// decodeFile decodes the one YAML document of a rule file and the fields
+// of its top level; false when the file is not even a YAML mapping.
+// p.domainNode is the domain field's value, nil when it is missing.
+func (p *parser) decodeFile(data []byte) (rawDomain, bool) {
+	var raw rawDomain
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -90,197 +85,107 @@ func (p *parser) parseFile(data []byte) *Domain {
 		} else {
 			p.yamlError(err)
 		}
-		return nil
+		return raw, false
 	}
 	var extra yaml.Node
 	switch err := dec.Decode(&extra); {
 	case err == nil:
 		p.fail(&extra, "", "a second YAML document; a rule file holds one document with one domain")
-		return nil
+		return raw, false
 	case !errors.Is(err, io.EOF):
 		p.yamlError(err)
-		return nil
+		return raw, false
 	}
 
 	if len(doc.Content) == 0 {
 		p.failEmpty()
-		return nil
+		return raw, false
 	}
-	root := resolve(doc.Content[0])
-	if root.Kind != yaml.MappingNode {
-		p.fail(root, "", "a rule file must be a mapping with domain and descriptors; found %s", describe(root))
-		return nil
+	raw.root = resolve(doc.Content[0])
+	if raw.root.Kind != yaml.MappingNode {
+		p.fail(raw.root, "", "a rule file must be a mapping with domain and descriptors; found %s", describe(raw.root))
+		return raw, false
 	}
-	d := &Domain{File: p.file, byID: make(map[string]*Rule)}
-	var descriptors *yaml.Node
-	for _, f := range p.mapping(root, "") {
+	for _, f := range p.mapping(raw.root, "") {
 		switch f.name {
 		case "domain":
 			p.domainNode = f.val
-			d.Name, _ = p.str(f.val, "domain")
+			raw.name, _ = p.str(f.val, "domain")
 		case "descriptors":
-			descriptors = f.val
+			raw.descriptors = f.val
 		case "failure_mode":
-			d.FailureMode, _ = keyword(p, f.val, "failure_mode", ParseFailureMode)
+			raw.failureMode, _ = keyword(p, f.val, "failure_mode", ParseFailureMode)
 		default:
 			p.unknown(f, "", domainFields)
 		}
 	}
-	switch {
-	case p.domainNode == nil:
-		p.fail(root, "domain", "missing; every rule file names the domain its descriptors belong to")
-	case d.Name == "":
-		p.fail(p.domainNode, "domain", "must not be empty")
-	case len(d.Name) > MaxDomainLen:
-		p.fail(p.domainNode, "domain", "is %d bytes long; at most %d are accepted", len(d.Name), MaxDomainLen)
-	}
-	p.descriptors(d, &d.root, descriptors, "descriptors", nil)
-
-	for _, ref := range p.refs {
-		if ref.name == ref.owner {
-			p.fail(ref.node, ref.field, "rule %q replaces itself; replaces names other rules", ref.name)
-		} else if !p.names[ref.name] {
-			p.fail(ref.node, ref.field, "no rule in domain %q is named %q; replaces takes the name of another rule, its rate_limit.name or a name in its rate_limits", d.Name, ref.name)
-		}
-	}
-	return d
+	return raw, true
 }
 
-// descriptors parses a descriptors list into the children of level.
-func (p *parser) descriptors(d *Domain, level *node, seq *yaml.Node, field string, path []PathElem) {
-	items := p.sequence(seq, field)
-	firsts := make(map[pair]int) // key and value -> line of the first such descriptor
-	for i, item := range items {
-		if p.nodes > maxNodes {
-			return // refused already; the rest would only echo it
-		}
-		p.descriptor(d, level, item, fmt.Sprintf("%s[%d]", field, i), path, firsts)
-	}
+// rawDescriptor is one descriptor of a descriptors list, decoded: its key,
+// value and flags, and the nodes of the fields decoded apart (limits,
+// concurrency, nested descriptors).
+type rawDescriptor struct {
+	item                                           *yaml.Node // the descriptor's mapping
+	field                                          string     // its path, such as "descriptors[0]"
+	fields                                         []mappingField
+	elem                                           PathElem
+	keyNode, rateLimit, rateLimits, conc, children *yaml.Node
+	share                                          *yaml.Node // share_threshold's value
+	shadow, detailed, quota                        bool
+	metadata                                       map[string]any
 }
 
-func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field string, parent []PathElem, firsts map[pair]int) {
-	elem := PathElem{}
-	var keyNode, rateLimit, rateLimits, conc, children, share *yaml.Node
-	var shadow, detailed, quota bool
-	var metadata map[string]any
-	fields := p.mapping(item, field)
+// decodeDescriptor decodes the descriptor at item; false when the file is
+// refused already for its size.
+func (p *parser) decodeDescriptor(item *yaml.Node, field string) (rawDescriptor, bool) {
+	raw := rawDescriptor{item: item, field: field}
+	raw.fields = p.mapping(item, field)
 	if p.nodes > maxNodes {
-		return
+		return raw, false
 	}
-	for _, f := range fields {
+	for _, f := range raw.fields {
 		sub := field + "." + f.name
 		switch f.name {
 		case "key":
-			keyNode = f.val
-			elem.Key, _ = p.str(f.val, sub)
+			raw.keyNode = f.val
+			raw.elem.Key, _ = p.str(f.val, sub)
 		case "value":
-			elem.Value, _ = p.str(f.val, sub)
+			raw.elem.Value, _ = p.str(f.val, sub)
 		case "rate_limit":
-			rateLimit = f.val
+			raw.rateLimit = f.val
 		case "rate_limits":
-			rateLimits = f.val
+			raw.rateLimits = f.val
 		case "concurrency":
-			conc = f.val
+			raw.conc = f.val
 		case "descriptors":
-			children = f.val
+			raw.children = f.val
 		case "shadow_mode":
-			shadow = p.boolean(f.val, sub)
+			raw.shadow = p.boolean(f.val, sub)
 		case "detailed_metric":
-			detailed = p.boolean(f.val, sub)
+			raw.detailed = p.boolean(f.val, sub)
 		case "value_to_metric":
-			elem.ValueToMetric = p.boolean(f.val, sub)
+			raw.elem.ValueToMetric = p.boolean(f.val, sub)
 		case "share_threshold":
-			share = f.val
-			elem.ShareThreshold = p.boolean(f.val, sub)
+			raw.share = f.val
+			raw.elem.ShareThreshold = p.boolean(f.val, sub)
 		case "quota_mode":
-			quota = p.boolean(f.val, sub)
+			raw.quota = p.boolean(f.val, sub)
 		case "metadata":
-			metadata = p.metadata(f.val, sub)
+			raw.metadata = p.metadata(f.val, sub)
 		default:
 			p.unknown(f, field, descriptorFields)
 		}
 	}
-	elem.Wildcard = strings.HasSuffix(elem.Value, "*")
-	switch {
-	case keyNode == nil:
-		p.fail(item, field+".key", "missing; every descriptor has a key")
-		return
-	case elem.Key == "":
-		p.fail(keyNode, field+".key", "must not be empty")
-		return
-	}
-	if elem.ShareThreshold && !elem.Wildcard {
-		p.fail(share, field+".share_threshold", "applies only to a wildcard value, one ending in \"*\"; this descriptor's value is %q", elem.Value)
-	}
-	id := pair{elem.Key, elem.Value}
-	if first, dup := firsts[id]; dup {
-		what := fmt.Sprintf("key %q with value %q", elem.Key, elem.Value)
-		if elem.Value == "" {
-			what = fmt.Sprintf("key %q without a value", elem.Key)
-		}
-		p.fail(keyNode, field, "duplicate descriptor: %s is already defined at line %d of this level", what, first)
-		return
-	}
-	firsts[id] = keyNode.Line
-
-	child := &node{}
-	switch {
-	case elem.Value == "":
-		if level.keyOnly == nil {
-			level.keyOnly = make(map[string]*node)
-		}
-		level.keyOnly[elem.Key] = child
-	case elem.Wildcard:
-		level.wildcards = append(level.wildcards, wildcard{key: elem.Key, prefix: strings.TrimSuffix(elem.Value, "*"), node: child})
-	default:
-		if level.exact == nil {
-			level.exact = make(map[pair]*node)
-		}
-		level.exact[id] = child
-	}
-	path := append(parent[:len(parent):len(parent)], elem)
-	var r *Rule
-	switch {
-	case rateLimit != nil && rateLimits != nil:
-		p.rateLimit(rateLimit, field+".rate_limit") // for its own problems and names
-		p.rateLimits(rateLimits, field+".rate_limits")
-		p.fail(fieldKey(fields, "rate_limits"), field+".rate_limits",
-			"a descriptor has either rate_limit (one limit) or rate_limits (a list of limits), not both; move the rate_limit block into the rate_limits list")
-	case rateLimit != nil:
-		r = p.rateLimit(rateLimit, field+".rate_limit")
-	case rateLimits != nil:
-		r = p.rateLimits(rateLimits, field+".rate_limits")
-	}
-	if conc != nil {
-		c := p.concurrency(conc, field+".concurrency")
-		switch {
-		case c == nil:
-			r = nil
-		case r != nil && r.Unlimited:
-			p.fail(fieldKey(fields, "concurrency"), field+".concurrency",
-				"a descriptor whose rate_limit is unlimited counts nothing; drop unlimited: true to limit its requests in flight, or drop concurrency")
-			r = nil
-		case r != nil:
-			r.Concurrency = c
-		case rateLimit == nil && rateLimits == nil:
-			r = &Rule{Concurrency: c} // a concurrency limit alone
-		}
-	}
-	if r != nil {
-		r.Domain, r.Path, r.File, r.Line = d.Name, path, p.file, item.Line
-		r.ID = ruleID(d.Name, path)
-		r.ShadowMode, r.DetailedMetric, r.QuotaMode, r.Metadata = shadow, detailed, quota, metadata
-		child.rule = r
-		d.rules = append(d.rules, r)
-		d.byID[r.ID] = r
-	}
-	p.descriptors(d, child, children, field+".descriptors", path)
+	raw.elem.Wildcard = isWildcard(raw.elem.Value)
+	return raw, true
 }
 
-// rateLimit parses a rate_limit block; nil when it is invalid.
-func (p *parser) rateLimit(n *yaml.Node, field string) *Rule {
-	r := &Rule{}
-	b := limitBlock{node: n, field: field, ok: true}
+// decodeRateLimit decodes a rate_limit block: its limit into a limitBlock,
+// its replaces and unlimited into r.
+func (p *parser) decodeRateLimit(n *yaml.Node, field string) (b limitBlock, r *Rule) {
+	r = &Rule{}
+	b = limitBlock{node: n, field: field, ok: true}
 	for _, f := range p.mapping(n, field) {
 		sub := field + "." + f.name
 		if p.limitField(&b, f, sub) {
@@ -298,34 +203,14 @@ func (p *parser) rateLimit(n *yaml.Node, field string) *Rule {
 	for i := len(p.refs) - len(r.Replaces); i < len(p.refs); i++ {
 		p.refs[i].owner = b.lim.Name
 	}
-
 	r.Name = b.lim.Name
-	if r.Unlimited {
-		ok := b.ok
-		for _, c := range []struct {
-			n    *yaml.Node
-			name string
-		}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}, {b.cons, "consistency"}} {
-			if c.n != nil {
-				p.fail(c.n, field+"."+c.name, "must not be set together with unlimited: true; an unlimited rule counts nothing")
-				ok = false
-			}
-		}
-		if !ok {
-			return nil
-		}
-		return r
-	}
-	if !p.checkLimit(&b) {
-		return nil
-	}
-	r.setLimits([]Limit{b.lim})
-	return r
+	return b, r
 }
 
-// rateLimits parses a rate_limits list, several limits of one descriptor;
-// nil when it is invalid.
-func (p *parser) rateLimits(n *yaml.Node, field string) *Rule {
+// decodeRateLimits decodes a rate_limits list, one limitBlock per entry.
+// An entry's replaces and unlimited belong to a whole descriptor and are
+// refused here; such an entry is not ok.
+func (p *parser) decodeRateLimits(n *yaml.Node, field string) []limitBlock {
 	items := p.sequence(n, field)
 	if len(items) == 0 {
 		if m := resolve(n); isNull(m) || m.Kind == yaml.SequenceNode && len(m.Content) == 0 {
@@ -333,12 +218,10 @@ func (p *parser) rateLimits(n *yaml.Node, field string) *Rule {
 		}
 		return nil
 	}
-	limits := make([]Limit, 0, len(items))
-	ok := true
+	blocks := make([]limitBlock, len(items))
 	for i, item := range items {
 		sub := fmt.Sprintf("%s[%d]", field, i)
 		b := limitBlock{node: item, field: sub, ok: true, listed: true}
-		unlimited := false // an entry saying unlimited lacks a unit for a reason
 		for _, f := range p.mapping(item, sub) {
 			if p.limitField(&b, f, sub+"."+f.name) {
 				continue
@@ -349,39 +232,16 @@ func (p *parser) rateLimits(n *yaml.Node, field string) *Rule {
 					"a descriptor with rate_limits cannot replace other rules, but each of its names can be replaced")
 				b.ok = false
 			case "unlimited":
-				unlimited = true
+				b.unlimited = true
 				p.fail(f.key, sub+"."+f.name, "belongs to a whole descriptor: write rate_limit: {unlimited: true} instead of rate_limits")
 				b.ok = false
 			default:
 				p.unknown(f, sub, rateLimitsFields)
 			}
 		}
-		if unlimited || !p.checkLimit(&b) {
-			ok = false
-			continue
-		}
-		for j, prev := range limits {
-			if prev.Algorithm != b.lim.Algorithm || prev.Window != b.lim.Window {
-				continue
-			}
-			window := windowText(b.lim)
-			if prev.Unit != b.lim.Unit {
-				window += ", as long as " + windowText(prev)
-			}
-			p.fail(item, sub, "has the same algorithm (%s) and window (%s) as rate_limits[%d] at line %d; "+
-				"the two would count in one counter: give each limit its own window or algorithm",
-				b.lim.Algorithm, window, j, items[j].Line)
-			ok = false
-			break
-		}
-		limits = append(limits, b.lim)
+		blocks[i] = b
 	}
-	if !ok {
-		return nil
-	}
-	r := &Rule{}
-	r.setLimits(limits)
-	return r
+	return blocks
 }
 
 // limitBlock is one limit being parsed: a rate_limit block or an entry of
@@ -393,6 +253,7 @@ type limitBlock struct {
 	lim                               Limit
 	ok                                bool // every field given is well-formed
 	listed                            bool // an entry of rate_limits
+	unlimited                         bool // an entry of rate_limits saying unlimited, refused
 }
 
 // limitField parses field f of a limit block when it is one of the fields
@@ -435,105 +296,6 @@ func (p *parser) limitField(b *limitBlock, f mappingField, sub string) bool {
 	}
 	b.ok = b.ok && good
 	return true
-}
-
-// checkLimit checks a counted limit block whose fields are parsed: its
-// required fields, its window, and the bounds within which its algorithm
-// computes exactly (package algo's Limit.Check, mirrored). It completes
-// b.lim and reports whether the limit is valid.
-func (p *parser) checkLimit(b *limitBlock) bool {
-	if n := resolve(b.node); n.Kind != yaml.MappingNode && !isNull(n) {
-		return false // reported by mapping; missing fields would only echo it
-	}
-	ok := b.ok
-	if b.unit == nil {
-		msg := "missing; accepted: second, minute, hour, day, week, month, year"
-		if !b.listed {
-			msg += " (or unlimited: true)"
-		}
-		p.fail(b.node, b.field+".unit", "%s", msg)
-		ok = false
-	}
-	if b.rpu == nil {
-		p.fail(b.node, b.field+".requests_per_unit", "missing; the number of requests each unit admits (0 admits none)")
-		ok = false
-	}
-	if !ok {
-		return false
-	}
-	l := &b.lim
-	if b.mult == nil {
-		l.UnitMultiplier = 1
-	}
-	if l.UnitMultiplier > uint32(MaxWindow/l.Unit.Duration()) {
-		p.fail(b.mult, b.field+".unit_multiplier", "%d %ss is longer than the longest window, 100 years", l.UnitMultiplier, l.Unit)
-		return false
-	}
-	l.Window = time.Duration(l.UnitMultiplier) * l.Unit.Duration()
-	if b.burst != nil && !l.Algorithm.UsesBurst() {
-		p.fail(b.burst, b.field+".burst", "%s does not use burst; only bucket algorithms take a capacity", l.Algorithm)
-		return false
-	}
-	if l.Consistency == Leased && !l.Algorithm.Leasable() {
-		p.fail(b.cons, b.field+".consistency", "leased needs a budget that any replica may spend: %s %s; "+
-			"leasable: fixed_window, sliding_window_counter, token_bucket, gcra (or consistency: exact)", l.Algorithm, unleasableWhy(l.Algorithm))
-		return false
-	}
-	n := uint64(l.RequestsPerUnit)
-	switch l.Algorithm {
-	case SlidingWindowLog:
-		if n > MaxLog {
-			p.fail(b.rpu, b.field+".requests_per_unit", "%d is above %d, the most sliding_window_log accepts: it keeps one timestamp per admitted hit; "+
-				"use sliding_window_counter or token_bucket for larger limits", n, MaxLog)
-			ok = false
-		}
-	case TokenBucket, LeakyBucket, GCRA:
-		if n > MaxBucket {
-			p.fail(b.rpu, b.field+".requests_per_unit", "%d is above %d (2^26), the most %s computes exactly; "+
-				"state the same rate per a shorter unit, or use a window algorithm", n, MaxBucket, l.Algorithm)
-			ok = false
-		}
-		switch {
-		case b.burst != nil && l.Burst == 0:
-			p.fail(b.burst, b.field+".burst", "must be at least 1: a bucket of capacity 0 admits nothing; "+
-				"give a capacity from 1 to %d, or leave burst out for a capacity of requests_per_unit", MaxBucket)
-			ok = false
-		case l.Burst > MaxBucket:
-			p.fail(b.burst, b.field+".burst", "%d is above %d (2^26), the largest bucket %s computes exactly; lower burst", l.Burst, MaxBucket, l.Algorithm)
-			ok = false
-		}
-		if ok && n > 0 && refillTooLong(l.Capacity(), l.Window, n) {
-			p.fail(b.burst, b.field+".burst", "refilling a burst of %d at %d per %s takes longer than 100 years (burst × window / requests_per_unit); "+
-				"lower burst or raise requests_per_unit", l.Capacity(), n, per(*l))
-			ok = false
-		}
-	}
-	return ok
-}
-
-// refillTooLong reports whether a bucket of capacity b refilled at n per
-// window takes longer than MaxRefill to refill from empty, computed as
-// package algo computes it: b × window µs / n, in 128 bits.
-func refillTooLong(b uint64, window time.Duration, n uint64) bool {
-	hi, lo := bits.Mul64(b, uint64(max(window.Microseconds(), 1)))
-	return hi != 0 || lo/n > uint64(MaxRefill.Microseconds())
-}
-
-// windowText writes a limit's window as written, for messages: "1
-// minute", "60 seconds".
-func windowText(l Limit) string {
-	if l.UnitMultiplier == 1 {
-		return "1 " + l.Unit.String()
-	}
-	return fmt.Sprintf("%d %ss", l.UnitMultiplier, l.Unit)
-}
-
-// per writes a limit's window after "per": "minute", "60 seconds".
-func per(l Limit) string {
-	if l.UnitMultiplier == 1 {
-		return l.Unit.String()
-	}
-	return windowText(l)
 }
 
 // fieldKey returns the key node of the field named name.
@@ -791,21 +553,6 @@ func joinField(parent, name string) string {
 		return name
 	}
 	return parent + "." + name
-}
-
-// ruleID names a rule as envoyproxy/ratelimit names its statistics.
-func ruleID(domain string, path []PathElem) string {
-	var b strings.Builder
-	b.WriteString(domain)
-	for _, e := range path {
-		b.WriteByte('.')
-		b.WriteString(e.Key)
-		if e.Value != "" {
-			b.WriteByte('_')
-			b.WriteString(e.Value)
-		}
-	}
-	return b.String()
 }
 
 // suggest returns the accepted name closest to name when it is close
