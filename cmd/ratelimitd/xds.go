@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -110,7 +112,7 @@ func startXDS(ctx context.Context, c *serveConfig, log *slog.Logger) (*xdsSource
 	}
 	s.client = client
 	log.Info("rules come from xDS; the files of -config are not read", "xds_server", x.server, "node_id", x.nodeID,
-		"node_metadata", x.metadata, "headers", xds.Keys(x.headerMap), "tls", x.tls.Enabled || x.tls.CA != "" || x.tls.ServerName != "" || x.tls.Cert != "",
+		"node_metadata", x.metadata, "headers", slices.Sorted(maps.Keys(x.headerMap)), "tls", x.tls.Enabled || x.tls.CA != "" || x.tls.ServerName != "" || x.tls.Cert != "",
 		"mtls", x.tls.Cert != "", "force_start", x.forceStart)
 	go client.Run(ctx)
 	return s, nil

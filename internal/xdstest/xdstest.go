@@ -22,6 +22,7 @@ import (
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -40,6 +41,7 @@ type Server struct {
 	gs       *grpc.Server
 	requests []*discoveryv3.DiscoveryRequest
 	opens    int
+	md       metadata.MD // of the last stream opened
 }
 
 // Start starts a control plane on a free loopback port, with TLS when
@@ -68,9 +70,11 @@ func (s *Server) serve(lis net.Listener) {
 	}
 	gs := grpc.NewServer(opts...)
 	cb := serverv3.CallbackFuncs{
-		StreamOpenFunc: func(context.Context, int64, string) error {
+		StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
+			md, _ := metadata.FromIncomingContext(ctx)
 			s.mu.Lock()
 			s.opens++
+			s.md = md
 			s.mu.Unlock()
 			return nil
 		},
@@ -143,6 +147,14 @@ func (s *Server) Opens() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.opens
+}
+
+// Header returns the values of gRPC metadata key on the last stream
+// opened.
+func (s *Server) Header(key string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.md.Get(key)
 }
 
 // Node returns the node of the first request, nil before any.

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -35,6 +35,15 @@ const (
 	DefaultNodeID         = "default"
 	DefaultBackoffInitial = time.Second
 	DefaultBackoffMax     = time.Minute
+)
+
+// A stream whose connection died silently (a peer gone without a FIN) is
+// found by pings: after keepaliveTime without traffic, one ping, answered
+// within keepaliveTimeout. Five minutes is the least interval gRPC servers
+// accept by default (their enforcement policy's MinTime).
+const (
+	keepaliveTime    = 5 * time.Minute
+	keepaliveTimeout = 20 * time.Second
 )
 
 // maxErrorDetail bounds the error text a NACK carries.
@@ -224,9 +233,8 @@ func (c *Client) Status() Status {
 // Ready is closed once the first valid rules were handed to OnRules.
 func (c *Client) Ready() <-chan struct{} { return c.ready }
 
-// Backoff returns the wait before reconnect attempt n (0 for the first),
-// drawn with r in [0, 1): between half and all of BackoffInitial × 2^n,
-// capped at BackoffMax.
+// backoff returns the wait before retry n (0 for the first): drawn
+// between half and all of BackoffInitial × 2^n, capped at BackoffMax.
 func (c *Client) backoff(n int) time.Duration {
 	d := c.opts.BackoffInitial
 	for i := 0; i < n && d < c.opts.BackoffMax; i++ {
@@ -282,7 +290,9 @@ func (c *Client) stream(ctx context.Context) (delivered bool, err error) {
 		}
 		creds = credentials.NewTLS(cfg)
 	}
-	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, c.opts.DialOptions...)
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithKeepaliveParams(keepalive.ClientParameters{
+		Time: keepaliveTime, Timeout: keepaliveTimeout,
+	})}, c.opts.DialOptions...)
 	conn, err := grpc.NewClient(c.opts.Server, dial...)
 	if err != nil {
 		return false, err
@@ -401,14 +411,4 @@ func ParsePairs(s string) (map[string]string, error) {
 		out[k] = strings.TrimSpace(v)
 	}
 	return out, nil
-}
-
-// Keys returns the keys of m in order, for logs that must not show values.
-func Keys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

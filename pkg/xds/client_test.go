@@ -106,7 +106,8 @@ func TestSnapshotsAckAndNack(t *testing.T) {
 	t.Parallel()
 	srv := xdstest.Start(t, nil)
 	srv.Set(t, "rl-1", "v1", xdstest.Limit("api", "api", "path", "/login", 5, rlsconfv3.RateLimitUnit_MINUTE))
-	c, s := run(t, srv, xds.Options{NodeID: "rl-1", NodeMetadata: map[string]string{"region": "eu", "pod": "rl-1-abc"}})
+	c, s := run(t, srv, xds.Options{NodeID: "rl-1", NodeMetadata: map[string]string{"region": "eu", "pod": "rl-1-abc"},
+		Headers: map[string]string{"authorization": "Bearer t0ken"}})
 
 	select {
 	case <-c.Ready():
@@ -125,6 +126,9 @@ func TestSnapshotsAckAndNack(t *testing.T) {
 	if node.GetId() != "rl-1" || node.GetMetadata().GetFields()["region"].GetStringValue() != "eu" ||
 		node.GetMetadata().GetFields()["pod"].GetStringValue() != "rl-1-abc" {
 		t.Fatalf("node %v", node)
+	}
+	if h := srv.Header("authorization"); len(h) != 1 || h[0] != "Bearer t0ken" {
+		t.Fatalf("authorization metadata %q", h)
 	}
 	if st := c.Status(); st.Version != "v1" || !st.Connected || st.Updates != 1 || st.LastError != "" || st.LastUpdate.IsZero() {
 		t.Fatalf("status %+v", st)
