@@ -170,7 +170,7 @@ func TestSnapshotsAckAndNack(t *testing.T) {
 			nacks++
 		}
 	}
-	if nacks > 8 {
+	if nacks > 20 { // spinning, it would be hundreds; spaced, about 8
 		t.Fatalf("%d NACKs in half a second: the client and the cache spin", nacks)
 	}
 
