@@ -118,11 +118,26 @@ func serve(ctx context.Context, args []string, lookupEnv func(string) (string, b
 }
 
 func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
-	rules, err := config.Load(c.config)
-	if err != nil {
-		return fmt.Errorf("loading rules from %s:\n%w", c.config, err)
+	ctx, cancel := context.WithCancel(ctx) // ends the xDS client on every return
+	defer cancel()
+	var rules *config.Rules
+	var fromXDS *xdsSource // rules from -xds-server instead of -config; nil for files
+	if c.xds.server != "" {
+		var err error
+		if fromXDS, err = startXDS(ctx, c, log); err != nil {
+			return err
+		}
+		if rules = fromXDS.initial(ctx, c.xds.forceStart, log); rules == nil {
+			log.Info("stopped before the first rules arrived from xDS")
+			return nil
+		}
+	} else {
+		var err error
+		if rules, err = config.Load(c.config); err != nil {
+			return fmt.Errorf("loading rules from %s:\n%w", c.config, err)
+		}
+		log.Info("rules loaded", "path", c.config, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
 	}
-	log.Info("rules loaded", "path", c.config, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
 
 	tuneGC(c, log)
 	reg := newRegistry()
@@ -174,7 +189,15 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		}
 		return loadedAt
 	})
-	if c.watchConfig {
+	reg.MustRegister(sourceInfo{fromXDS})
+	if fromXDS != nil {
+		fromXDS.attach(rules, func(r *config.Rules) {
+			svc.SetRules(r)
+			mets.Rules(r)
+		})
+		registerXDS(reg, fromXDS)
+		loaded = func() time.Time { return fromXDS.client.Status().LastUpdate }
+	} else if c.watchConfig {
 		apply := func(r *config.Rules) {
 			svc.SetRules(r)
 			mets.Rules(r)
@@ -233,7 +256,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	gs := grpc.NewServer(grpcOpts...)
 	svc.RegisterGRPC(gs)
-	hs := newHTTPServer(svc.WrapHTTP(withMetrics(svc.HTTPHandler(), reg)), log)
+	hs := newHTTPServer(svc.WrapHTTP(withMetrics(withRulesSource(svc.HTTPHandler(), c, fromXDS), reg)), log)
 	hs.TLSConfig = httpTLS
 	servers := []*http.Server{hs}
 
