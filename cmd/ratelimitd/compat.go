@@ -59,44 +59,49 @@ func compatMode(lookupEnv func(string) (string, bool)) (bool, error) {
 // honour, with why: set to anything but their default, they are named in
 // one startup warning. None of them changes a decision.
 var ignoredSettings = map[string]string{
-	"REDIS_PIPELINE_WINDOW":                     "ratelimitd batches Redis calls by itself (-redis-coalesce)",
-	"REDIS_PIPELINE_LIMIT":                      "ratelimitd batches Redis calls by itself (-redis-coalesce)",
-	"REDIS_PERSECOND_PIPELINE_WINDOW":           "no per-second Redis",
-	"REDIS_PERSECOND_PIPELINE_LIMIT":            "no per-second Redis",
-	"REDIS_CLUSTER_PIPELINE_PARALLELISM":        "ratelimitd sends one call per Cluster slot, in parallel",
-	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":      "health stays serving with Redis down: the failure mode decides",
-	"REDIS_POOL_ON_EMPTY_BEHAVIOR":              "a call waits for a pooled connection up to -redis-read-timeout",
-	"REDIS_STARTUP_INITIAL_INTERVAL":            "ratelimitd starts without Redis and connects when it can",
-	"REDIS_STARTUP_MAX_INTERVAL":                "ratelimitd starts without Redis and connects when it can",
-	"REDIS_STARTUP_MAX_ELAPSED_TIME":            "ratelimitd starts without Redis and connects when it can",
-	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":      "the server's certificate is always verified",
-	"RESPONSE_DYNAMIC_METADATA":                 "not supported",
-	"LIMIT_LIMIT_HEADER":                        "headers use the standard names (RateLimit-Limit)",
-	"LIMIT_REMAINING_HEADER":                    "headers use the standard names (RateLimit-Remaining)",
-	"LIMIT_RESET_HEADER":                        "headers use the standard names (RateLimit-Reset)",
-	"USE_DOG_STATSD_MOGRIFIERS":                 "not supported",
-	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":  "not supported",
-	"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES":          "not supported",
-	"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "not supported",
-	"TRACING_SERVICE_NAMESPACE":                 "set OTEL_RESOURCE_ATTRIBUTES=service.namespace=…",
-	"TRACING_SERVICE_INSTANCE_ID":               "set OTEL_RESOURCE_ATTRIBUTES=service.instance.id=…",
+	"REDIS_PIPELINE_WINDOW":                         "ratelimitd batches Redis calls by itself (-redis-coalesce)",
+	"REDIS_PIPELINE_LIMIT":                          "ratelimitd batches Redis calls by itself (-redis-coalesce)",
+	"REDIS_PERSECOND_PIPELINE_WINDOW":               "no per-second Redis",
+	"REDIS_PERSECOND_PIPELINE_LIMIT":                "no per-second Redis",
+	"REDIS_CLUSTER_PIPELINE_PARALLELISM":            "ratelimitd sends one call per Cluster slot, in parallel",
+	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":          "health stays serving with Redis down: the failure mode decides",
+	"REDIS_POOL_ON_EMPTY_BEHAVIOR":                  "a call waits for a pooled connection up to -redis-read-timeout",
+	"REDIS_STARTUP_INITIAL_INTERVAL":                "ratelimitd starts without Redis and connects when it can",
+	"REDIS_STARTUP_MAX_INTERVAL":                    "ratelimitd starts without Redis and connects when it can",
+	"REDIS_STARTUP_MAX_ELAPSED_TIME":                "ratelimitd starts without Redis and connects when it can",
+	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":          "the server's certificate is always verified",
+	"RESPONSE_DYNAMIC_METADATA":                     "not supported",
+	"LIMIT_LIMIT_HEADER":                            "headers use the standard names (RateLimit-Limit)",
+	"LIMIT_REMAINING_HEADER":                        "headers use the standard names (RateLimit-Remaining)",
+	"LIMIT_RESET_HEADER":                            "headers use the standard names (RateLimit-Reset)",
+	"USE_DOG_STATSD_MOGRIFIERS":                     "not supported",
+	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":      "not supported",
+	"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES":              "gRPC's default limit of 4 MiB per message applies",
+	"XDS_CLIENT_BACKOFF_RANDOM_FACTOR":              "reconnects wait a random time up to the backoff (full jitter)",
+	"XDS_CLIENT_BACKOFF_JITTER":                     "reconnects wait a random time up to the backoff (full jitter)",
+	"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL": "reconnects follow the backoff (XDS_CLIENT_BACKOFF_*)",
+	"TRACING_SERVICE_NAMESPACE":                     "set OTEL_RESOURCE_ATTRIBUTES=service.namespace=…",
+	"TRACING_SERVICE_INSTANCE_ID":                   "set OTEL_RESOURCE_ATTRIBUTES=service.instance.id=…",
 }
 
 // ignoredDefaults are the reference's defaults of ignored settings whose
 // default is not empty: set to it, a setting changes nothing and is not
 // warned of.
 var ignoredDefaults = map[string]string{
-	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":     "false",
-	"REDIS_POOL_ON_EMPTY_BEHAVIOR":             "WAIT",
-	"REDIS_PIPELINE_WINDOW":                    "0",
-	"REDIS_PIPELINE_LIMIT":                     "0",
-	"REDIS_CLUSTER_PIPELINE_PARALLELISM":       "1",
-	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":     "false",
-	"RESPONSE_DYNAMIC_METADATA":                "false",
-	"LIMIT_LIMIT_HEADER":                       "RateLimit-Limit",
-	"LIMIT_REMAINING_HEADER":                   "RateLimit-Remaining",
-	"LIMIT_RESET_HEADER":                       "RateLimit-Reset",
-	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS": "false",
+	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":          "false",
+	"REDIS_POOL_ON_EMPTY_BEHAVIOR":                  "WAIT",
+	"REDIS_PIPELINE_WINDOW":                         "0",
+	"REDIS_PIPELINE_LIMIT":                          "0",
+	"REDIS_CLUSTER_PIPELINE_PARALLELISM":            "1",
+	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":          "false",
+	"RESPONSE_DYNAMIC_METADATA":                     "false",
+	"LIMIT_LIMIT_HEADER":                            "RateLimit-Limit",
+	"LIMIT_REMAINING_HEADER":                        "RateLimit-Remaining",
+	"LIMIT_RESET_HEADER":                            "RateLimit-Reset",
+	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":      "false",
+	"XDS_CLIENT_BACKOFF_RANDOM_FACTOR":              "0.5",
+	"XDS_CLIENT_BACKOFF_JITTER":                     "true",
+	"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL": "3s",
 }
 
 // compat reads the reference's environment.
@@ -228,8 +233,12 @@ func (c *compat) logging() {
 func (c *compat) rules() {
 	switch t := c.get("CONFIG_TYPE", "FILE"); strings.ToUpper(t) {
 	case "FILE":
+		if c.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false) {
+			c.ignored = append(c.ignored, "FORCE_START_WITHOUT_INITIAL_CONFIG (only rules over xDS wait for a first configuration)")
+		}
 	case "GRPC_XDS_SOTW":
-		c.refuse("CONFIG_TYPE=GRPC_XDS_SOTW: rules over xDS are not in this build")
+		c.xds()
+		return // the files are not read, as the reference does not read them
 	default:
 		c.refuse("CONFIG_TYPE=%q; accepted: FILE, GRPC_XDS_SOTW", t)
 	}
@@ -245,11 +254,50 @@ func (c *compat) rules() {
 	if c.bool("MERGE_DOMAIN_CONFIG", false) {
 		c.refuse("MERGE_DOMAIN_CONFIG=true: ratelimitd keeps each domain in one file, and refuses a domain defined twice rather than merge it")
 	}
-	if c.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false) {
-		c.ignored = append(c.ignored, "FORCE_START_WITHOUT_INITIAL_CONFIG (only rules over xDS wait for a first configuration)")
+	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED holds anyway: files are
+	// loaded before any port opens.
+	c.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)
+}
+
+// xds: CONFIG_TYPE=GRPC_XDS_SOTW, rules from an xDS control plane.
+func (c *compat) xds() {
+	c.flag("xds-server", c.get("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"), "CONFIG_GRPC_XDS_SERVER_URL")
+	c.flag("xds-node-id", c.get("CONFIG_GRPC_XDS_NODE_ID", "default"), "CONFIG_GRPC_XDS_NODE_ID")
+	if md := c.get("CONFIG_GRPC_XDS_NODE_METADATA", ""); md != "" {
+		c.flag("xds-node-metadata", md, "CONFIG_GRPC_XDS_NODE_METADATA")
 	}
-	if c.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false) {
-		c.ignored = append(c.ignored, "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED (ratelimitd serves only once its rules are loaded)")
+	if h := c.get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", ""); h != "" {
+		// The reference reads a map as key:value,key:value.
+		pairs := strings.Split(h, ",")
+		for i, p := range pairs {
+			k, v, ok := strings.Cut(p, ":")
+			if !ok {
+				c.refuse("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS: %q is not key:value", p)
+			}
+			pairs[i] = strings.TrimSpace(k) + "=" + strings.TrimSpace(v)
+		}
+		c.flag("xds-headers", strings.Join(pairs, ","), "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS")
+	}
+	if c.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS", false) {
+		c.flag("xds-tls", "true", "CONFIG_GRPC_XDS_SERVER_USE_TLS")
+		for env, flag := range map[string]string{
+			"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":   "xds-tls-cert",
+			"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":    "xds-tls-key",
+			"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": "xds-tls-ca",
+			"CONFIG_GRPC_XDS_SERVER_TLS_SAN":    "xds-tls-server-name",
+		} {
+			if v := c.get(env, ""); v != "" {
+				c.flag(flag, v, env)
+			}
+		}
+	}
+	c.flag("xds-backoff-initial", c.duration("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s"), "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")
+	c.flag("xds-backoff-max", c.duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s"), "XDS_CLIENT_BACKOFF_MAX_INTERVAL")
+	if c.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false) {
+		c.flag("xds-force-start", "true", "FORCE_START_WITHOUT_INITIAL_CONFIG")
+		if c.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false) {
+			c.flag("xds-ready-with-rules", "true", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")
+		}
 	}
 }
 

@@ -92,6 +92,48 @@ func TestCompatEnvoyGateway(t *testing.T) {
 	}
 }
 
+// TestCompatXDS: CONFIG_TYPE=GRPC_XDS_SOTW takes the rules from the
+// control plane of the CONFIG_GRPC_XDS_* settings, and no directory.
+func TestCompatXDS(t *testing.T) {
+	args, ignored, _, err := compatArgs(env{
+		"CONFIG_TYPE":                               "GRPC_XDS_SOTW",
+		"CONFIG_GRPC_XDS_SERVER_URL":                "envoy-gateway:18001",
+		"CONFIG_GRPC_XDS_NODE_ID":                   "envoy-ratelimit",
+		"CONFIG_GRPC_XDS_NODE_METADATA":             "zone=a,team=edge",
+		"CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "authorization:Bearer t0ken,x-env:prod",
+		"CONFIG_GRPC_XDS_SERVER_USE_TLS":            "true",
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":           "/certs/tls.crt",
+		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":            "/certs/tls.key",
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT":         "/certs/ca.crt",
+		"CONFIG_GRPC_XDS_SERVER_TLS_SAN":            "envoy-gateway",
+		"FORCE_START_WITHOUT_INITIAL_CONFIG":        "true",
+		"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED":   "true",
+		"XDS_CLIENT_BACKOFF_JITTER":                 "false",
+		"RUNTIME_IGNOREDOTFILES":                    "true",
+	}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"-xds-server=envoy-gateway:18001", "-xds-node-id=envoy-ratelimit", "-xds-node-metadata=zone=a,team=edge",
+		"-xds-headers=authorization=Bearer t0ken,x-env=prod",
+		"-xds-tls=true", "-xds-tls-cert=/certs/tls.crt", "-xds-tls-key=/certs/tls.key", "-xds-tls-ca=/certs/ca.crt", "-xds-tls-server-name=envoy-gateway",
+		"-xds-backoff-initial=10s", "-xds-backoff-max=60s", "-xds-force-start=true", "-xds-ready-with-rules=true",
+	} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args lack %s: %q", want, args)
+		}
+	}
+	for _, a := range args {
+		if strings.HasPrefix(a, "-config=") {
+			t.Errorf("rules from xDS, yet %s", a)
+		}
+	}
+	if len(ignored) != 1 || !strings.HasPrefix(ignored[0], "XDS_CLIENT_BACKOFF_JITTER") {
+		t.Errorf("ignored %q", ignored)
+	}
+}
+
 func TestReferenceRedisURL(t *testing.T) {
 	for _, c := range []struct {
 		socket, typ, url, auth string

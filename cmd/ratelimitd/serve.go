@@ -122,12 +122,13 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	defer cancel()
 	var rules *config.Rules
 	var fromXDS *xdsSource // rules from -xds-server instead of -config; nil for files
+	rulesArrived := true   // false while serving an empty set before xDS sends rules
 	if c.xds.server != "" {
 		var err error
 		if fromXDS, err = startXDS(ctx, c, log); err != nil {
 			return err
 		}
-		if rules = fromXDS.initial(ctx, c.xds.forceStart, log); rules == nil {
+		if rules, rulesArrived = fromXDS.initial(ctx, c.xds.forceStart, log); rules == nil {
 			log.Info("stopped before the first rules arrived from xDS")
 			return nil
 		}
@@ -191,9 +192,13 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	})
 	reg.MustRegister(sourceInfo{fromXDS})
 	if fromXDS != nil {
+		if !rulesArrived && c.xds.readyWithRules {
+			svc.SetAwaitingRules(true)
+		}
 		fromXDS.attach(rules, func(r *config.Rules) {
 			svc.SetRules(r)
 			mets.Rules(r)
+			svc.SetAwaitingRules(false)
 		})
 		registerXDS(reg, fromXDS)
 		loaded = func() time.Time { return fromXDS.client.Status().LastUpdate }

@@ -28,6 +28,7 @@ type xdsConfig struct {
 	backoffInitial time.Duration
 	backoffMax     time.Duration
 	forceStart     bool
+	readyWithRules bool
 
 	// Parsed by validate.
 	metadata, headerMap map[string]string
@@ -45,6 +46,7 @@ func addXDSFlags(fs *flag.FlagSet, c *xdsConfig) {
 	fs.StringVar(&c.tls.ServerName, "xds-tls-server-name", "", "`name` the xDS control plane's certificate must hold, when not the host of -xds-server")
 	fs.DurationVar(&c.backoffInitial, "xds-backoff-initial", xds.DefaultBackoffInitial, "first wait before reconnecting to the xDS control plane; it doubles with each failure in a row, jittered")
 	fs.DurationVar(&c.backoffMax, "xds-backoff-max", xds.DefaultBackoffMax, "longest wait before reconnecting to the xDS control plane")
+	fs.BoolVar(&c.readyWithRules, "xds-ready-with-rules", false, "with -xds-force-start, health checks report not serving until the first rules arrive, while calls are answered (envoyproxy/ratelimit's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED)")
 	fs.BoolVar(&c.forceStart, "xds-force-start", false, "serve before the first rules arrive from the xDS control plane, with no rules meanwhile (every request OK); without it, ratelimitd opens no port until they arrive")
 }
 
@@ -63,6 +65,9 @@ func (c *serveConfig) validateXDS() error {
 		}
 		if x.forceStart {
 			return fmt.Errorf("%s needs -xds-server: the control plane whose rules it does not wait for", c.source("xds-force-start"))
+		}
+		if x.readyWithRules {
+			return fmt.Errorf("%s needs -xds-server and -xds-force-start: without them, rules are there before any port opens", c.source("xds-ready-with-rules"))
 		}
 		if x.tls.Enabled {
 			return fmt.Errorf("%s needs -xds-server: the control plane it is for", c.source("xds-tls"))
@@ -128,9 +133,9 @@ func (s *xdsSource) onRules(r *config.Rules, version string) {
 }
 
 // initial returns the rules to start serving with: with force start, what
-// has arrived or an empty rule set; else it waits for the first rules. It
-// returns nil when ctx ends first.
-func (s *xdsSource) initial(ctx context.Context, forceStart bool, log *slog.Logger) *config.Rules {
+// has arrived or an empty rule set (and arrived false); else it waits for
+// the first rules. It returns nil when ctx ends first.
+func (s *xdsSource) initial(ctx context.Context, forceStart bool, log *slog.Logger) (rules *config.Rules, arrived bool) {
 	if !forceStart {
 		select {
 		case <-s.client.Ready():
@@ -139,18 +144,18 @@ func (s *xdsSource) initial(ctx context.Context, forceStart bool, log *slog.Logg
 			select {
 			case <-s.client.Ready():
 			case <-ctx.Done():
-				return nil
+				return nil, false
 			}
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.latest != nil {
-		return s.latest
+		return s.latest, true
 	}
 	empty, _ := config.Parse() // no files: a valid, empty rule set
 	log.Warn("serving without rules until the xDS control plane sends them: every request is OK meanwhile")
-	return empty
+	return empty, false
 }
 
 // attach hands every later rule set to apply, and at once the latest one

@@ -219,6 +219,32 @@ func TestServeXDSForceStart(t *testing.T) {
 	waitFor(t, "the first snapshot in force", func() bool { return limitOf(t, rls, "api", "path", "/login") == 3 })
 }
 
+// TestServeXDSReadyWithRules: with -xds-force-start and
+// -xds-ready-with-rules, calls are answered at once but the health checks
+// report not serving until the first snapshot is in force.
+func TestServeXDSReadyWithRules(t *testing.T) {
+	srv := xdstest.Start(t, nil)
+	p := startServe(t, true, "-xds-server", srv.Addr, "-xds-force-start", "-xds-ready-with-rules")
+	health := func() int {
+		resp, err := http.Get("http://" + p.httpAddr + "/healthcheck")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := health(); code != http.StatusServiceUnavailable {
+		t.Fatalf("/healthcheck before any snapshot: %d, want 503", code)
+	}
+	rls := p.rls(t)
+	if n := limitOf(t, rls, "api", "path", "/login"); n != 0 {
+		t.Fatalf("a limit of %d before any snapshot", n)
+	}
+	srv.Set(t, "default", "1", xdstest.Limit("api", "api", "path", "/login", 3, rlsconfv3.RateLimitUnit_SECOND))
+	waitFor(t, "the first snapshot in force", func() bool { return limitOf(t, rls, "api", "path", "/login") == 3 })
+	waitFor(t, "health serving", func() bool { return health() == http.StatusOK })
+}
+
 // TestServeWaitingForXDSStops: a signal while waiting for the first
 // snapshot stops serve cleanly.
 func TestServeWaitingForXDSStops(t *testing.T) {

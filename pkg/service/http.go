@@ -107,6 +107,11 @@ func (s *Service) serveHealthcheck(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "draining\n")
 		return
 	}
+	if s.awaiting.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "waiting for rules\n")
+		return
+	}
 	io.WriteString(w, "OK\n")
 }
 

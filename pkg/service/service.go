@@ -83,6 +83,9 @@ type Service struct {
 	health  *health.Server
 	// draining is set by Drain: health checks then report not serving.
 	draining atomic.Bool
+	// awaiting is set by SetAwaitingRules: health checks then report not
+	// serving.
+	awaiting atomic.Bool
 	scratch  sync.Pool // of *scratch
 
 	failureMode config.FailureMode
@@ -203,6 +206,21 @@ func (s *Service) WrapHTTP(h http.Handler) http.Handler {
 
 // Panics returns how many handler panics were recovered.
 func (s *Service) Panics() uint64 { return s.panics.Load() }
+
+// SetAwaitingRules, while set, has the health checks report not serving
+// (gRPC NOT_SERVING, GET /healthcheck 503 "waiting for rules"), although
+// calls are decided: for a server started before its first rules, which
+// load balancers should not send to yet. Drain ends it for good.
+func (s *Service) SetAwaitingRules(awaiting bool) {
+	s.awaiting.Store(awaiting)
+	status := healthpb.HealthCheckResponse_SERVING
+	if awaiting {
+		status = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	for _, name := range []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName, ratelimitdv1.RateLimiter_ServiceDesc.ServiceName} {
+		s.health.SetServingStatus(name, status) // ignored once drained
+	}
+}
 
 // Drain marks the service as going away: gRPC health checks answer
 // NOT_SERVING and GET /healthcheck 503, so load balancers stop sending new
