@@ -63,6 +63,12 @@ type Options struct {
 	// leased limits (the lease engine in front of the backend): Peek,
 	// Check and POST /explain show it. Nil when nothing is leased.
 	Leases algo.LeaseReader
+	// ReferenceKeys gives every limit envoyproxy/ratelimit could hold
+	// too (a rule's single fixed window of one unit, exact, or a limit
+	// override of one unit) its key in that implementation's layout as
+	// well ([algo.Request.RefKey]), so that a backend shared with
+	// reference pods (Redis, -redis-key-format reference) counts there.
+	ReferenceKeys bool
 }
 
 // Service decides rate limits. Create it with [New]; it is safe for
@@ -90,6 +96,7 @@ type Service struct {
 	enableReset    bool
 	headers        HeaderStyle
 	leases         algo.LeaseReader
+	referenceKeys  bool
 }
 
 // New returns a service deciding with backend under rules.
@@ -143,6 +150,7 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		enableReset:    opts.EnableReset,
 		headers:        opts.ResponseHeaders,
 		leases:         opts.Leases,
+		referenceKeys:  opts.ReferenceKeys,
 	}
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
