@@ -94,6 +94,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	log.Info("rules loaded", "path", c.config, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
 
 	tuneGC(c, log)
+	logKeyFormat(c, rules, log)
 	reg := newRegistry()
 	be, err := newBackend(ctx, c, log, reg)
 	if err != nil {
@@ -130,6 +131,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
 		Observer: mets, EnableReset: c.enableReset, Leases: be.leases,
+		ReferenceKeys: c.referenceKeys(),
 	})
 	if err != nil {
 		return err
@@ -308,7 +310,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 	switch c.backend {
 	case "redis":
 		tag, _ := redis.ParseHashTag(c.redisHashTag) // validated
-		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag, Scripts: c.redisScripts, Coalesce: c.redisCoalesce}
+		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag, Scripts: c.redisScripts, Coalesce: c.redisCoalesce, ExpirationJitter: c.redisJitter}
 		if c.redisClock == "local" {
 			opts.Now = be.now
 		}
