@@ -37,6 +37,8 @@ type serveConfig struct {
 	redisClock          string
 	redisScripts        bool
 	redisCoalesce       int
+	redisKeyFormat      string
+	redisJitter         time.Duration
 	localCacheKeys      int
 	lease               lease.Options
 	clockOffset         time.Duration
@@ -109,6 +111,8 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.redisHashTag, "redis-hash-tag", "descriptor", "what places a key in a Redis Cluster, and so what is decided atomically: descriptor (its limits together) or domain (a whole request)")
 	fs.IntVar(&c.redisCoalesce, "redis-coalesce", 4, "decide through this many workers, each sending every decision waiting when it is free in one Redis call (each still all or nothing); 0 sends one call per decision. Cluster mode always sends one call per slot of a decision")
 	fs.BoolVar(&c.redisScripts, "redis-scripts", false, "decide with EVALSHA scripts even where Redis 7 offers functions (FCALL, cheaper; used by default when available)")
+	fs.StringVar(&c.redisKeyFormat, "redis-key-format", keyFormatNative, "layout of Redis keys: native (collision-free) or reference (envoyproxy/ratelimit's, for fixed windows, so reference pods sharing the Redis count together during a migration; docs/redis.md#key-formats)")
+	fs.DurationVar(&c.redisJitter, "redis-expiration-jitter", 0, "with -redis-key-format reference: most random time added to the expiry of a reference key, in whole seconds, like the reference's EXPIRATION_JITTER_MAX_SECONDS; 0 adds none")
 	fs.StringVar(&c.redisClock, "redis-clock", "redis", "clock the Redis scripts decide by: redis (TIME; replicas may disagree on the time) or local (this process's, for Redis-compatible services that forbid TIME in scripts)")
 	fs.StringVar(&c.grpcTLS.Cert, "grpc-tls-cert", "", "PEM `file` of the gRPC listener's certificate chain; with -grpc-tls-key, gRPC is served over TLS (re-read when the file changes)")
 	fs.StringVar(&c.grpcTLS.Key, "grpc-tls-key", "", "PEM `file` of the key of -grpc-tls-cert")
@@ -305,6 +309,9 @@ func (c *serveConfig) validateRedis() error {
 	}
 	if c.redisClock != "redis" && c.redisClock != "local" {
 		return fmt.Errorf("invalid %s %q; accepted: redis, local", c.source("redis-clock"), c.redisClock)
+	}
+	if err := c.validateKeyFormat(); err != nil {
+		return err
 	}
 	if c.redisCoalesce < 0 {
 		return fmt.Errorf("invalid %s %d; it must not be negative (0 turns coalescing off)", c.source("redis-coalesce"), c.redisCoalesce)

@@ -141,6 +141,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 
 	tuneGC(c, log)
+	logKeyFormat(c, rules, log)
 	reg := newRegistry()
 	be, err := newBackend(ctx, c, log, reg)
 	if err != nil {
@@ -178,6 +179,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
 		Observer: mets, EnableReset: c.enableReset, Leases: be.leases,
 		ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
+		ReferenceKeys: c.referenceKeys(),
 	})
 	if err != nil {
 		return err
@@ -374,7 +376,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 	switch c.backend {
 	case "redis":
 		tag, _ := redis.ParseHashTag(c.redisHashTag) // validated
-		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag, Scripts: c.redisScripts, Coalesce: c.redisCoalesce}
+		opts := redis.Options{Prefix: c.redisPrefix, HashTag: tag, Scripts: c.redisScripts, Coalesce: c.redisCoalesce, ExpirationJitter: c.redisJitter}
 		if c.redisClock == "local" {
 			opts.Now = be.now
 		}

@@ -54,6 +54,31 @@ type Request struct {
 	// Holder names who takes, gives back or keeps a slot of a
 	// Concurrency limit.
 	Holder Holder
+	// RefKey, when set, is the key envoyproxy/ratelimit keeps this
+	// limit's count under, less the window start that ends it
+	// ("domain_k1_v1_", package key's reference layout). A caller sets it
+	// only for a fixed window that implementation could hold too; a
+	// backend whose store such pods share (package redis) then keeps the
+	// count there, see [Plain]. Other backends ignore it. A Backend must
+	// not retain RefKey after Decide returns.
+	RefKey []byte
+	// Plain, set by a backend for a request it keeps under RefKey, asks
+	// the decision script to keep a FixedWindow state as
+	// envoyproxy/ratelimit does. The zero value keeps algo's own state.
+	Plain Plain
+}
+
+// Plain describes a fixed window kept in envoyproxy/ratelimit's layout: its
+// key names one window (the one holding At) and holds the window's count
+// alone, as a plain integer, raised by the hits admitted (INCRBY) and
+// expiring TTL after the hit that created it. The decision is the
+// [FixedWindow] step's, at At rather than at the backend's clock: At named
+// the key, so the two cannot disagree about the window.
+type Plain struct {
+	// At is the instant the request is decided at; zero: not plain.
+	At time.Time
+	// TTL is the expiry of a key the request creates, whole seconds.
+	TTL time.Duration
 }
 
 // Holder names the holder of a [Concurrency] slot: 128 random bits.

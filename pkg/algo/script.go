@@ -107,8 +107,8 @@ func AppendRequestArgs(dst []any, reqs []Request) []any {
 }
 
 // flagsArg formats a request's flags argument: the digit f of its shadow
-// and peek flags, then for a take " t MAX SHARE TTL_US" and for a give
-// " g MARK". A take the script would decide as a plain request (see
+// and peek flags, then for a take " t MAX SHARE TTL_US", for a give
+// " g MARK" and for a [Plain] fixed window " w AT_US TTL_S". A take the script would decide as a plain request (see
 // [Apply]) is sent as one.
 func flagsArg(r *Request, f int) string {
 	digit := "0123"[f : f+1]
@@ -126,6 +126,14 @@ func flagsArg(r *Request, f int) string {
 		return string(b)
 	case r.Op == OpGive:
 		return digit + " g " + strconv.FormatInt(r.Lease.Mark, 10)
+	case !r.Plain.At.IsZero() && r.Limit.Algorithm == FixedWindow && r.Op == OpDecide:
+		var buf [64]byte
+		b := append(buf[:0], digit...)
+		b = append(b, " w "...)
+		b = strconv.AppendInt(b, r.Plain.At.UnixMicro(), 10)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, max(int64(r.Plain.TTL/time.Second), 1), 10)
+		return string(b)
 	case r.Limit.Algorithm == Concurrency && (r.Op == OpAcquire || r.Op == OpRelease || r.Op == OpRenew):
 		return digit + " " + "arn"[r.Op-OpAcquire:r.Op-OpAcquire+1] + " " + r.Holder.String()
 	}

@@ -58,6 +58,12 @@ type scratch struct {
 	keys      []byte
 	keyEnds   []int // keyEnds[i] is the end of reqs[i].Key in keys
 	quotaMode bool  // every rule is in quota mode (Options.QuotaMode)
+	// With reference set (Options.ReferenceKeys), refKeys holds the
+	// reference-layout keys of the requests that have one: refSpans[i]
+	// is where reqs[i].RefKey lies in refKeys, {0, 0} for none.
+	reference bool
+	refKeys   []byte
+	refSpans  [][2]int
 }
 
 // rlsDescriptor views an RLS descriptor as a config.Descriptor. It is a
@@ -235,6 +241,9 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 		if c.override != nil {
 			sc.add(overrideLimit(c.override), h, false, false)
 			c.n = 1
+			if sc.reference && referenceOverride(c.override) {
+				sc.setReference(c.req, req.Domain, d, nil)
+			}
 			continue
 		}
 		// Each limit counts under its own key: the descriptor's, ended by
@@ -250,6 +259,9 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 			sc.add(ruleLimit(l), h, c.rule.ShadowMode || c.quota, l.Consistency == config.Leased)
 		}
 		c.n = len(c.rule.Limits)
+		if sc.reference && ReferenceRule(c.rule) {
+			sc.setReference(c.req, req.Domain, d, c.rule)
+		}
 		if cl := c.rule.Concurrency; slots && cl != nil {
 			if c.n > 0 {
 				sc.keys = append(sc.keys, sc.keys[start:end]...)
@@ -266,6 +278,11 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 		sc.reqs[i].Key = sc.keys[start:sc.keyEnds[i]]
 		start = sc.keyEnds[i]
 	}
+	for i, span := range sc.refSpans {
+		if span[1] > span[0] {
+			sc.reqs[i].RefKey = sc.refKeys[span[0]:span[1]:span[1]]
+		}
+	}
 	if cap(sc.decisions) < len(sc.reqs) {
 		sc.decisions = make([]algo.Decision, len(sc.reqs))
 	}
@@ -278,6 +295,48 @@ func (sc *scratch) add(l algo.Limit, hits uint64, shadow, leased bool) {
 	sc.keys = key.AppendLimit(sc.keys, l)
 	sc.keyEnds = append(sc.keyEnds, len(sc.keys))
 	sc.reqs = append(sc.reqs, algo.Request{Limit: l, Hits: hits, Shadow: shadow, Leased: leased})
+}
+
+// setReference gives request i, the single limit of descriptor d, its
+// key in envoyproxy/ratelimit's layout, less the window start the backend
+// ends it with: the domain, then each entry's key and value (the wildcard
+// pattern of a share_threshold match, as for the native key).
+func (sc *scratch) setReference(i int, domain string, d *rlv3.RateLimitDescriptor, r *config.Rule) {
+	for len(sc.refSpans) <= i {
+		sc.refSpans = append(sc.refSpans, [2]int{})
+	}
+	start := len(sc.refKeys)
+	sc.refKeys = key.AppendReference(sc.refKeys, domain)
+	for j, e := range d.Entries {
+		if r != nil && r.Path[j].ShareThreshold {
+			sc.refKeys = key.AppendReferenceEntry(sc.refKeys, e.Key, r.Path[j].Value)
+		} else {
+			sc.refKeys = key.AppendReferenceEntry(sc.refKeys, e.Key, e.Value)
+		}
+	}
+	sc.refSpans[i] = [2]int{start, len(sc.refKeys)}
+}
+
+// ReferenceRule reports whether envoyproxy/ratelimit could hold rule r's
+// limit too, so that with [Options.ReferenceKeys] its count is kept where
+// reference pods keep theirs: a single
+// fixed window of one unit (no unit_multiplier, which the reference's key
+// would not tell apart), decided exactly (not leased). A rule with several
+// limits (rate_limits) is ratelimitd's own: their windows would share
+// reference keys wherever they start on the same second.
+func ReferenceRule(r *config.Rule) bool {
+	if len(r.Limits) != 1 {
+		return false
+	}
+	l := &r.Limits[0]
+	return l.Algorithm == config.FixedWindow && l.Consistency != config.Leased && l.UnitMultiplier <= 1
+}
+
+// referenceOverride reports whether envoyproxy/ratelimit could hold a
+// limit override too: one of a single unit.
+func referenceOverride(o *rlv3.RateLimitDescriptor_RateLimitOverride) bool {
+	m := o.GetUnitMultiplier()
+	return m == nil || m.Value <= 1
 }
 
 // replacedBy reports whether any matched rule in checks replaces a name of
@@ -455,6 +514,9 @@ func (s *Service) getScratch(n int) *scratch {
 	sc.keys = sc.keys[:0]
 	sc.keyEnds = sc.keyEnds[:0]
 	sc.quotaMode = s.quotaMode
+	sc.reference = s.referenceKeys
+	sc.refKeys = sc.refKeys[:0]
+	sc.refSpans = sc.refSpans[:0]
 	return sc
 }
 

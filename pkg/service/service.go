@@ -71,6 +71,12 @@ type Options struct {
 	// QuotaMode decides every rule as one with quota_mode: true
 	// (envoyproxy/ratelimit's QUOTA_MODE).
 	QuotaMode bool
+	// ReferenceKeys gives every limit envoyproxy/ratelimit could hold
+	// too (a rule's single fixed window of one unit, exact, or a limit
+	// override of one unit) its key in that implementation's layout as
+	// well ([algo.Request.RefKey]), so that a backend shared with
+	// reference pods (Redis, -redis-key-format reference) counts there.
+	ReferenceKeys bool
 }
 
 // Service decides rate limits. Create it with [New]; it is safe for
@@ -103,6 +109,7 @@ type Service struct {
 	leases         algo.LeaseReader
 	shadowMode     bool
 	quotaMode      bool
+	referenceKeys  bool
 }
 
 // New returns a service deciding with backend under rules.
@@ -158,6 +165,7 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		leases:         opts.Leases,
 		shadowMode:     opts.ShadowMode,
 		quotaMode:      opts.QuotaMode,
+		referenceKeys:  opts.ReferenceKeys,
 	}
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -11,7 +11,13 @@
 --          >= 1; B the bucket capacity, N when the rule sets none), hits,
 --          and flags: "0", "1" shadow, "2" peek (decided, never stored),
 --          "3" both; followed, for a lease (algo.OpTake, algo.OpGive), by
---          " t MAX SHARE TTL_US" or " g MARK", as in "0 t 500 8 2000000".
+--          " t MAX SHARE TTL_US" or " g MARK", as in "0 t 500 8 2000000";
+--          or, for a fixed window kept in envoyproxy/ratelimit's layout
+--          (algo.Plain), by " w AT_US TTL_S": the request is decided at
+--          AT_US, the replica's clock that named its key's window, and the
+--          key holds the window's count alone, a plain integer, which the
+--          script raises with INCRBY and, when it creates the key, gives a
+--          TTL of TTL_S seconds (EXPIRE), as the reference does.
 --
 -- Returns {admitted, then for each request: allowed, remaining, reset_us,
 -- retry_us, wait_us, then k, then k times: index, taken, mark, valid_us},
@@ -87,6 +93,35 @@ local function load(j, l)
   return s
 end
 
+-- plain_load returns the state of KEYS[j], a fixed window kept in the
+-- reference layout (a plain integer count of the window that holds at):
+-- as an earlier batch of this call left it, else as MGET read it. A key
+-- that does not exist is marked fresh: storing it sets its TTL.
+local function plain_load(j, at, l)
+  local s = stored_states[keys[j]]
+  if s == nil then
+    local c = tonumber(vals[j])
+    s = {t = at - floor_mod(at, l.w), c = c or 0, fresh = c == nil}
+  end
+  return s
+end
+
+-- plain_save stores the admitted state s of KEYS[j], kept in the reference
+-- layout, whose state was prev: it adds the hits admitted since prev with
+-- INCRBY, so that hits a reference pod counted meanwhile are kept, and
+-- sets the TTL of a key it created.
+local function plain_save(j, s, prev, ttl)
+  local key = keys[j]
+  local delta = s.c - max(prev.c, 0)
+  if delta > 0 then
+    redis.call('INCRBY', key, fmt(delta))
+    if prev.fresh then
+      redis.call('EXPIRE', key, fmt(ttl))
+    end
+  end
+  stored_states[key] = {t = s.t, c = s.c}
+end
+
 -- save stores the admitted state s of KEYS[j], whose state was prev, with
 -- the reset-after of the request that left it.
 local function save(j, l, s, reset, prev)
@@ -107,8 +142,11 @@ local function parse_flags(flags)
   if #flags == 1 then
     return flags
   end
-  local f, o, rest = string.match(flags, '^(%d) ([tgarn]) (.*)$')
-  if o == 't' then
+  local f, o, rest = string.match(flags, '^(%d) ([tgarnw]) (.*)$')
+  if o == 'w' then
+    local at, ttl = string.match(rest, '^(%d+) (%d+)$')
+    return f, o, tonumber(at), tonumber(ttl)
+  elseif o == 't' then
     local most, share, ttl = string.match(rest, '^(%d+) (%d+) (%d+)$')
     return f, o, tonumber(most), tonumber(share), tonumber(ttl)
   elseif o == 'g' then
@@ -180,12 +218,22 @@ local function decide_one(argv, k, a, reply)
   if #flags > 1 then
     flags, o, x, y, z = parse_flags(flags)
   end
-  local s = load(k, l)
+  local call_now, plain, s = now, o == 'w', nil
+  if plain then
+    now, o = x, nil -- decided at the instant that named the key's window
+    s = plain_load(k, now, l)
+  else
+    s = load(k, l)
+  end
   local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, s, hits, o, x, y, z)
   local n = #reply
   if allowed then
     if stores(l, o, hits, taken, allowed, flags == '2' or flags == '3') then
-      save(k, l, next, reset, s)
+      if plain then
+        plain_save(k, next, s, y)
+      else
+        save(k, l, next, reset, s)
+      end
     end
     reply[n + 1] = 1
   elseif flags == '1' or flags == '3' then
@@ -202,6 +250,7 @@ local function decide_one(argv, k, a, reply)
   else
     reply[n + 7] = 0
   end
+  now = call_now
 end
 
 -- decide_batch decides the batch of count requests whose first key is
@@ -231,14 +280,19 @@ local function decide_batch(argv, k, count, a, reply)
       flags, op, x, y, z = parse_flags(flags)
     end
     local key = keys[j]
+    local call_now, plain = now, nil
+    if op == 'w' then
+      now, op, plain = x, nil, {x, y} -- decided at the instant that named the key's window
+    end
     if start[key] == nil then
-      start[key] = load(j, l)
+      start[key] = plain and plain_load(j, now, l) or load(j, l)
       current[key] = start[key]
     end
     local cur = current[key]
     local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, cur, hits, op, x, y, z)
+    now = call_now
     local peek = flags == '2' or flags == '3'
-    local r = {l, stores(l, op, hits, taken, allowed, peek), start[key], nil, reset, taken, mark, valid}
+    local r = {l, stores(l, op, hits, taken, allowed, peek), start[key], nil, reset, taken, mark, valid, plain}
     if allowed then
       current[key] = next
       r[4] = next
@@ -258,7 +312,11 @@ local function decide_batch(argv, k, count, a, reply)
       local r = reqs[i]
       local key = keys[k + i - 1]
       if r[2] and current[key] ~= false then
-        save(k + i - 1, r[1], r[4], r[5], r[3])
+        if r[9] then
+          plain_save(k + i - 1, r[4], r[3], r[9][2])
+        else
+          save(k + i - 1, r[1], r[4], r[5], r[3])
+        end
         current[key] = false
       end
     end
@@ -273,7 +331,7 @@ local function decide_batch(argv, k, count, a, reply)
   else
     for i = 1, count do
       local r = reqs[i]
-      local _, _, remaining, reset = r[1].alg.step(r[3], now, r[1], 0)
+      local _, _, remaining, reset = r[1].alg.step(r[3], r[9] and r[9][1] or now, r[1], 0)
       local p = o + 2 + 5 * (i - 1)
       reply[p + 1], reply[p + 2], reply[p + 4] = remaining, reset, 0
     end

@@ -139,8 +139,9 @@ type slotGroup struct {
 // per slot: one round trip; each group is all or nothing on its own.
 func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.Request, out []algo.Decision) error {
 	var groups []*slotGroup
+	keys, reqs := b.prepare(reqs, true)
 	for i := range reqs {
-		k := b.clusterKey(reqs[i].Key)
+		k := keys[i]
 		s := slot(k)
 		var g *slotGroup
 		for _, h := range groups {

@@ -47,10 +47,8 @@ func (c *coalescer) close() { close(c.quit) }
 
 // decide queues reqs for a worker and waits for its decisions, or for ctx.
 func (c *coalescer) decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
-	j := &job{ctx: ctx, n: len(reqs), keys: make([]string, len(reqs)), res: make([]algo.Decision, len(reqs)), done: make(chan struct{})}
-	for i := range reqs {
-		j.keys[i] = c.b.opts.Prefix + string(reqs[i].Key)
-	}
+	j := &job{ctx: ctx, n: len(reqs), res: make([]algo.Decision, len(reqs)), done: make(chan struct{})}
+	j.keys, reqs = c.b.prepare(reqs, false)
 	j.args = algo.AppendRequestArgs(make([]any, 0, algo.ScriptArgsPerRequest*len(reqs)), reqs)
 	select {
 	case c.jobs <- j:

@@ -58,6 +58,11 @@ type Options struct {
 	// disagree still agree on every decision; set Now only for
 	// Redis-compatible services that forbid TIME in scripts.
 	Now func() time.Time
+	// ExpirationJitter bounds the random time added to the expiry of a
+	// key kept in envoyproxy/ratelimit's layout (a request with a
+	// RefKey), in whole seconds, as that implementation's
+	// EXPIRATION_JITTER_MAX_SECONDS does. Zero adds none.
+	ExpirationJitter time.Duration
 }
 
 // Backend is an [algo.Backend] on a Redis client.
@@ -165,10 +170,7 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 		return b.decideCluster(ctx, now, reqs, out)
 	}
 
-	keys := make([]string, len(reqs))
-	for i := range reqs {
-		keys[i] = b.opts.Prefix + string(reqs[i].Key)
-	}
+	keys, reqs := b.prepare(reqs, false)
 	args := algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(reqs)), now, b.minTTL, reqs)
 	reply, err := b.run(ctx, b.client, keys, args)
 	if err != nil {
