@@ -337,6 +337,16 @@ func (c *compat) backend() {
 		}
 		c.flag("redis-sentinel-password", pass, "REDIS_SENTINEL_AUTH")
 	}
+	// Counted in the reference's keys, so that reference pods and these
+	// share one count during the migration (docs/redis.md#key-formats).
+	c.flag("redis-key-format", "reference", "RATELIMITD_COMPAT")
+	c.flag("redis-prefix", c.get("CACHE_KEY_PREFIX", ""), "CACHE_KEY_PREFIX")
+	jitter := c.get("EXPIRATION_JITTER_MAX_SECONDS", "300")
+	if n, err := strconv.ParseUint(jitter, 10, 32); err != nil {
+		c.refuse("EXPIRATION_JITTER_MAX_SECONDS=%q; it must be a whole number of seconds", jitter)
+	} else {
+		c.flag("redis-expiration-jitter", strconv.FormatUint(n, 10)+"s", "EXPIRATION_JITTER_MAX_SECONDS")
+	}
 	c.flag("redis-pool-size", c.get("REDIS_POOL_SIZE", "10"), "REDIS_POOL_SIZE")
 	timeout := c.duration("REDIS_TIMEOUT", "10s")
 	c.flag("redis-read-timeout", timeout, "REDIS_TIMEOUT")

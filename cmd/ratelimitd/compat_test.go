@@ -45,6 +45,7 @@ func TestCompatDefaults(t *testing.T) {
 		"-config=/srv/runtime_data/current/config", "-watch-config=true",
 		"-backend=redis", "-redis-url=unix:///var/run/nutcracker/ratelimit.sock", "-redis-mode=standalone",
 		"-redis-pool-size=10", "-redis-read-timeout=10s", "-near-limit-ratio=0.8",
+		"-redis-key-format=reference", "-redis-prefix=", "-redis-expiration-jitter=300s",
 	} {
 		if !slices.Contains(args, want) {
 			t.Errorf("defaults lack %s: %q", want, args)
