@@ -55,6 +55,7 @@ type serveConfig struct {
 	shutdownTimeout   time.Duration
 	bounds            service.Bounds
 	maxHits           uint64
+	refStats          refStatsConfig
 
 	// fromEnv maps the flags set from the environment to their variable,
 	// so that errors name what the user wrote.
@@ -128,6 +129,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.bounds.MaxKeyLen, "max-key-bytes", service.DefaultMaxKeyLen, "longest descriptor entry key, in bytes")
 	fs.IntVar(&c.bounds.MaxValueLen, "max-value-bytes", service.DefaultMaxValueLen, "longest descriptor entry value, in bytes")
 	fs.Uint64Var(&c.maxHits, "max-hits", service.DefaultMaxHits, "largest hits_addend a request or descriptor may carry")
+	addRefStatsFlags(fs, &c.refStats)
 	return fs
 }
 
@@ -254,7 +256,7 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("invalid %s %d; it must be at least 1", c.source("max-hits"), c.maxHits)
 	}
 	c.bounds.MaxHits = c.maxHits
-	return nil
+	return c.refStats.validate(c.source)
 }
 
 // validateRedis checks the -redis-* flags of -backend redis.
