@@ -234,9 +234,7 @@ func readLines(t *testing.T, c *net.UDPConn, n int) []string {
 		if k > 1432 {
 			t.Errorf("datagram of %d bytes, over 1432", k)
 		}
-		for _, l := range strings.Split(strings.TrimSuffix(string(buf[:k]), "\n"), "\n") {
-			lines = append(lines, l)
-		}
+		lines = append(lines, strings.Split(strings.TrimSuffix(string(buf[:k]), "\n"), "\n")...)
 	}
 	return lines
 }
