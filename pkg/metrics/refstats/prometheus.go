@@ -137,22 +137,30 @@ func (s *PrometheusSink) Handler() http.Handler {
 // it has applied them: a scrape after Flush sees them.
 func (s *PrometheusSink) Flush(samples []Sample) {
 	evs := make(event.Events, 0, len(samples))
-	for i := range samples {
+	for i := 0; i < len(samples); i++ {
 		x := &samples[i]
-		switch x.Kind {
-		case Timer:
-			// A sampled timer stands for more values than it carries:
-			// repeat each so that the histogram counts them all.
-			n := 1
-			if x.Rate > 0 && x.Rate < 1 {
-				n = max(1, int(1/x.Rate+0.5))
-			}
-			for range n {
-				evs = append(evs, &event.ObserverEvent{OMetricName: x.Name, OValue: x.Value, OLabels: s.labels()})
-			}
-		default:
+		if x.Kind != Timer {
 			evs = append(evs, &event.CounterEvent{CMetricName: x.Name, CValue: x.Value, CLabels: s.labels()})
+			continue
 		}
+		// The values of one timer come together. When sampled, they
+		// stand for len/Rate values: repeat them, spread evenly, so that
+		// the histogram counts them all.
+		j := i + 1
+		for j < len(samples) && samples[j].Kind == Timer && samples[j].Name == x.Name {
+			j++
+		}
+		n := j - i
+		total := n
+		if x.Rate > 0 && x.Rate < 1 {
+			total = int(float64(n)/x.Rate + 0.5)
+		}
+		for k := range n {
+			for range (k+1)*total/n - k*total/n {
+				evs = append(evs, &event.ObserverEvent{OMetricName: x.Name, OValue: samples[i+k].Value, OLabels: s.labels()})
+			}
+		}
+		i = j - 1
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -512,3 +512,29 @@ func TestPrometheusBadMapping(t *testing.T) {
 		}
 	}
 }
+
+// TestPrometheusSampledTimer counts every call of a sampled timer.
+func TestPrometheusSampledTimer(t *testing.T) {
+	sink, err := refstats.NewPrometheus(refstats.PrometheusOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	st := refstats.New(refstats.Options{Sinks: []refstats.Sink{sink}, TimerSamples: 4, Now: func() time.Time { return epoch }})
+	ic := st.UnaryServerInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: shouldRateLimitMethod}
+	for range 10 {
+		ic(context.Background(), nil, info, func(context.Context, any) (any, error) { return nil, nil })
+	}
+	st.Flush()
+	got := scrape(t, sink.Handler(), "ratelimit_service_response_time_seconds_count", "ratelimit_service_total_requests")
+	want := []string{
+		`ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"} 10`,
+		`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 10`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("%q, want %q", got, want)
+	}
+}
+
+const shouldRateLimitMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
