@@ -30,6 +30,7 @@ var allowedDeps = map[string][]string{
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
 	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
+	"pkg/metrics/refstats":  {"pkg/config", "pkg/metrics", "pkg/service"},
 	"pkg/tlsconfig":         {},
 	"pkg/client":            {"proto/ratelimitd/v1"},
 	"cmd/ratelimitd":        {"*"},
