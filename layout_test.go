@@ -32,6 +32,7 @@ var allowedDeps = map[string][]string{
 	"pkg/reload":            {"pkg/config"},
 	"pkg/xds":               {"pkg/config"},
 	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
+	"pkg/metrics/refstats":  {"pkg/config", "pkg/metrics", "pkg/service"},
 	"pkg/tlsconfig":         {},
 	"pkg/client":            {"proto/ratelimitd/v1"},
 	"cmd/ratelimitd":        {"*"},

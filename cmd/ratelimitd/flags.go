@@ -63,6 +63,7 @@ type serveConfig struct {
 	bounds              service.Bounds
 	maxHits             uint64
 	xds                 xdsConfig
+	refStats            refStatsConfig
 
 	// fromEnv maps the flags set from the environment to their variable,
 	// so that errors name what the user wrote.
@@ -145,6 +146,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.bounds.MaxValueLen, "max-value-bytes", service.DefaultMaxValueLen, "longest descriptor entry value, in bytes")
 	fs.Uint64Var(&c.maxHits, "max-hits", service.DefaultMaxHits, "largest hits_addend a request or descriptor may carry")
 	addXDSFlags(fs, &c.xds)
+	addRefStatsFlags(fs, &c.refStats)
 	return fs
 }
 
@@ -284,7 +286,10 @@ func (c *serveConfig) validate() error {
 		return fmt.Errorf("invalid %s %d; it must be at least 1", c.source("max-hits"), c.maxHits)
 	}
 	c.bounds.MaxHits = c.maxHits
-	return c.validateXDS()
+	if err := c.validateXDS(); err != nil {
+		return err
+	}
+	return c.refStats.validate(c.source)
 }
 
 // validateRedis checks the -redis-* flags of -backend redis.

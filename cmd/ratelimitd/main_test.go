@@ -169,7 +169,7 @@ func TestServeInProcess(t *testing.T) {
 	logs := lineWriter{lines: make(chan string, 100)}
 	exit := make(chan int, 1)
 	go func() {
-		exit <- Main(ctx, []string{"-config", "../../examples", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+		exit <- Main(ctx, []string{"-config", "../../examples", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-shutdown-delay", "0s",
 			"-log-format", "json"}, env{}.lookup, io.Discard, logs)
 	}()
 

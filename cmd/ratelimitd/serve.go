@@ -172,12 +172,19 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		return err
 	}
 	mets.Rules(rules)
+	// envoyproxy/ratelimit's statistics, when asked for, beside ours.
+	ref, err := newRefStats(c, log, reg)
+	if err != nil {
+		return err
+	}
+	defer ref.close()
+	ref.configLoaded(true)
 	mode, _ := config.ParseFailureMode(c.failureMode) // validated
 	svc, err := service.New(be.main, rules, service.Options{
 		Logger: log, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
-		Observer: mets, EnableReset: c.enableReset, Leases: be.leases,
+		Observer: service.Tee(mets, ref.observer()), EnableReset: c.enableReset, Leases: be.leases,
 		ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
 		ReferenceKeys: c.referenceKeys(),
 	})
@@ -208,8 +215,10 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		apply := func(r *config.Rules) {
 			svc.SetRules(r)
 			mets.Rules(r)
+			ref.configLoaded(true)
 		}
-		rw, err := reload.New(reload.Options{Path: c.config, Apply: apply, Logger: log, Current: rules})
+		reject := func(error) { ref.configLoaded(false) }
+		rw, err := reload.New(reload.Options{Path: c.config, Apply: apply, Reject: reject, Logger: log, Current: rules})
 		if err != nil {
 			// Serving without reload beats not serving (the inotify limit,
 			// say); a restart still picks up new rules.
@@ -243,6 +252,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 
 	// A panicking handler is answered Internal and logged; the process stays.
+	grpcOpts = append(grpcOpts, ref.serverOptions()...)
 	grpcOpts = append(grpcOpts,
 		grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()),
 		grpc.ChainStreamInterceptor(svc.StreamInterceptor()),
@@ -267,7 +277,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	hs.TLSConfig = httpTLS
 	servers := []*http.Server{hs}
 
-	failed := make(chan error, 3)
+	failed := make(chan error, 4)
 	go func() { failed <- fmt.Errorf("gRPC server: %w", gs.Serve(grpcLis)) }()
 	go func() {
 		if httpTLS != nil {
@@ -291,6 +301,16 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		servers = append(servers, ds)
 		go func() { failed <- fmt.Errorf("debug server: %w", ds.Serve(debugLis)) }()
 		log.Warn("serving profiles (pprof): keep this address private", "addr", debugLis.Addr().String())
+	}
+
+	if rs, err := ref.listen(c, log, failed); err != nil {
+		gs.Stop()
+		for _, h := range servers {
+			h.Close()
+		}
+		return err
+	} else if rs != nil {
+		servers = append(servers, rs)
 	}
 
 	var serveErr error

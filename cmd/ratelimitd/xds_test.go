@@ -63,7 +63,7 @@ func startServe(t *testing.T, wantServing bool, args ...string) *inProcess {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &inProcess{exit: make(chan int, 1), cancel: cancel, logs: lineWriter{lines: make(chan string, 1000)}}
 	go func() {
-		p.exit <- Main(ctx, append([]string{"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-log-format", "json"}, args...),
+		p.exit <- Main(ctx, append([]string{"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-log-format", "json", "-shutdown-delay", "0s"}, args...),
 			env{}.lookup, io.Discard, p.logs)
 	}()
 	t.Cleanup(func() {

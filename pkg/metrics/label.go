@@ -66,3 +66,34 @@ func appendLabel(b []byte, rule *config.Rule, d *rlv3.RateLimitDescriptor) (_ []
 	}
 	return b, true
 }
+
+// AppendStatKey appends to b the key envoyproxy/ratelimit names the
+// statistics of a decision by, before the ratelimit.service.rate_limit.
+// prefix and the stat's own suffix, unsanitized:
+//
+//   - for a rule, its label as described at appendLabel: the rule ID, or
+//     descriptor values where the rule opts in with detailed_metric or
+//     value_to_metric;
+//   - for a descriptor's own limit override (rule nil), the domain and
+//     every entry as key_value (key alone when the value is empty), joined
+//     by dots, as the reference names an override's statistics.
+func AppendStatKey(b []byte, domain string, rule *config.Rule, d *rlv3.RateLimitDescriptor) []byte {
+	if rule == nil {
+		b = append(b, domain...)
+		for _, e := range d.GetEntries() {
+			b = append(append(b, '.'), e.GetKey()...)
+			if v := e.GetValue(); v != "" {
+				b = append(append(b, '_'), v...)
+			}
+		}
+		return b
+	}
+	if !detailed(rule) {
+		return append(b, rule.ID...)
+	}
+	start := len(b)
+	if out, ok := appendLabel(b, rule, d); ok {
+		return out
+	}
+	return append(b[:start], rule.ID...)
+}

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -107,5 +108,63 @@ func TestObserver(t *testing.T) {
 	}
 	if rec2.calls != 1 || rec2.errs != 1 || len(rec2.outcomes) != 1 || rec2.outcomes[0] != "messaging failure_mode open" {
 		t.Errorf("failing backend: %d calls, %d errors, outcomes %q; want 1, 1, only the failure mode", rec2.calls, rec2.errs, rec2.outcomes)
+	}
+}
+
+// reporter is a recorder that is a ReportObserver too.
+type reporter struct {
+	recorder
+	reports []string // "rule outcome hits used/limit"
+	unknown []string
+}
+
+func (r *reporter) Report(rep Report) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reports = append(r.reports, rep.Rule.ID+" "+rep.Outcome.String()+" "+itoa(rep.Hits)+" "+itoa(rep.Used)+"/"+itoa(rep.Limit))
+}
+
+func (r *reporter) UnknownDomain(domain string, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unknown = append(r.unknown, domain+" "+itoa(uint64(n)))
+}
+
+// TestTeeReports checks that Tee tells every observer of decisions and a
+// ReportObserver of each counted decision's figures: how much of the
+// limit was used before its hits, taken or not.
+func TestTeeReports(t *testing.T) {
+	if Tee(nil, nil) != nil {
+		t.Error("Tee of nil observers is not nil")
+	}
+	clk := &testClock{}
+	clk.ns.Store(start.UnixNano())
+	plain, rep := &recorder{}, &reporter{}
+	if Tee(rep, nil) != Observer(rep) {
+		t.Error("Tee of one observer is not that observer")
+	}
+	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	f := newFixtureOpts(t, testRules, be, clk, Options{Observer: Tee(plain, nil, rep)})
+	marketing := desc("message_type", "marketing", "to_number", "1") // 5 per day
+	for range 3 {
+		f.call(t, request("messaging", marketing))
+	}
+	f.call(t, request("messaging", marketing, marketing, marketing)) // 3 more: refused whole
+	f.call(t, request("messaging", desc("internal", "x")))           // unlimited: no report
+	f.call(t, request("nowhere", desc("a", "b"), desc("c", "d")))
+	id := "messaging.message_type_marketing.to_number"
+	want := []string{
+		id + " ok 1 0/5", id + " ok 1 1/5", id + " ok 1 2/5",
+		// Refused whole: nothing taken, each decision tells what stands.
+		id + " ok 1 3/5", id + " ok 1 3/5", id + " over_limit 1 3/5",
+	}
+	if !slices.Equal(rep.reports, want) {
+		t.Errorf("reports:\n%q\nwant:\n%q", rep.reports, want)
+	}
+	if !slices.Equal(rep.unknown, []string{"nowhere 2"}) {
+		t.Errorf("unknown domains %q, want [nowhere 2]", rep.unknown)
+	}
+	if !slices.Equal(plain.outcomes, rep.outcomes) || len(plain.outcomes) != 7 || plain.calls != rep.calls {
+		t.Errorf("observers told differently: %q (%d calls) and %q (%d calls)", plain.outcomes, plain.calls, rep.outcomes, rep.calls)
 	}
 }

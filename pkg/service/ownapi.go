@@ -138,6 +138,7 @@ func (s *Service) check(ctx context.Context, domain string, ds []*ratelimitdv1.D
 func (s *Service) ownResults(req *rlsv3.RateLimitRequest, sc *scratch, observe bool) (bool, []*ratelimitdv1.DescriptorResult) {
 	results := make([]*ratelimitdv1.DescriptorResult, len(req.Descriptors))
 	allowed := true
+	taken := observe && s.reporter != nil && sc.admitted()
 	for i := range sc.checks {
 		c := &sc.checks[i]
 		r := &ratelimitdv1.DescriptorResult{Outcome: ratelimitdv1.Outcome_OUTCOME_NO_LIMIT}
@@ -158,7 +159,9 @@ func (s *Service) ownResults(req *rlsv3.RateLimitRequest, sc *scratch, observe b
 				q := &sc.reqs[c.req+j]
 				d = &sc.decisions[c.req+j]
 				if observe {
-					s.observer.Decided(req.Domain, c.rule, req.Descriptors[i], s.outcome(c, d, q.Limit), q.Hits)
+					o := s.outcome(c, d, q.Limit)
+					s.observer.Decided(req.Domain, c.rule, req.Descriptors[i], o, q.Hits)
+					s.report(req.Domain, c, req.Descriptors[i], o, d, q.Limit, q.Hits, taken)
 				}
 				r.Limit = ownLimit(c, j, q.Limit)
 				if q.Leased && s.leases != nil {

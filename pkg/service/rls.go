@@ -99,6 +99,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	dom := s.rules.Load().Domain(req.Domain)
 	if dom == nil {
+		if s.reporter != nil {
+			s.reporter.UnknownDomain(req.Domain, n)
+		}
 		for i := range resp.Statuses {
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		}
@@ -115,6 +118,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		return nil, err
 	}
 	observe := s.observer != nil && known
+	taken := s.reporter != nil && sc.admitted()
 	var pick headerPick
 	figures := s.headers != HeadersNone && known
 
@@ -133,7 +137,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			d := &sc.decisions[c.req+j]
 			if observe {
 				r := &sc.reqs[c.req+j]
-				s.observer.Decided(req.Domain, c.rule, req.Descriptors[i], s.outcome(c, d, r.Limit), r.Hits)
+				o := s.outcome(c, d, r.Limit)
+				s.observer.Decided(req.Domain, c.rule, req.Descriptors[i], o, r.Hits)
+				s.report(req.Domain, c, req.Descriptors[i], o, d, r.Limit, r.Hits, taken)
 			}
 			st.CurrentLimit = currentLimit(c, j)
 			st.LimitRemaining = uint32(min(d.Remaining, math.MaxUint32))

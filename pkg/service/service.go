@@ -103,6 +103,7 @@ type Service struct {
 	panics      atomic.Uint64 // handler panics recovered; see Panics
 
 	observer       Observer
+	reporter       ReportObserver // observer, when it is one
 	nearLimitRatio float64
 	enableReset    bool
 	headers        HeaderStyle
@@ -167,6 +168,7 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		quotaMode:      opts.QuotaMode,
 		referenceKeys:  opts.ReferenceKeys,
 	}
+	s.reporter, _ = opts.Observer.(ReportObserver)
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(ratelimitdv1.RateLimiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
