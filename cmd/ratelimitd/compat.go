@@ -166,6 +166,7 @@ func compatArgs(lookupEnv func(string) (string, bool)) (args, ignored []string, 
 	c.rules()
 	c.backend()
 	c.limits()
+	c.stats()
 	c.tracing()
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
 		for n := range ignoredSettings {
@@ -388,6 +389,31 @@ func (c *compat) limits() {
 	}
 	if c.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
 		c.flag("response-headers", "ratelimit", "LIMIT_RESPONSE_HEADERS_ENABLED")
+	}
+}
+
+// stats: the reference's statistics, over statsd (on by default, as in
+// the reference) and, with USE_PROMETHEUS, on its own Prometheus address.
+func (c *compat) stats() {
+	if c.bool("DISABLE_STATS", false) {
+		return
+	}
+	if c.bool("USE_STATSD", true) {
+		c.flag("statsd-addr", net.JoinHostPort(c.get("STATSD_HOST", "localhost"), c.get("STATSD_PORT", "8125")), "STATSD_HOST and STATSD_PORT")
+	}
+	if tags := c.get("EXTRA_TAGS", ""); tags != "" {
+		c.flag("statsd-tags", tags, "EXTRA_TAGS")
+	}
+	if c.bool("USE_DOG_STATSD", false) {
+		c.flag("statsd-dogstatsd", "true", "USE_DOG_STATSD")
+	}
+	c.flag("statsd-flush-interval", c.duration("STATS_FLUSH_INTERVAL", "10s"), "STATS_FLUSH_INTERVAL")
+	if c.bool("USE_PROMETHEUS", false) {
+		c.flag("reference-metrics-addr", c.get("PROMETHEUS_ADDR", ":9090"), "PROMETHEUS_ADDR")
+		c.flag("reference-metrics-path", c.get("PROMETHEUS_PATH", "/metrics"), "PROMETHEUS_PATH")
+		if m := c.get("PROMETHEUS_MAPPER_YAML", ""); m != "" {
+			c.flag("reference-metrics-mapping", m, "PROMETHEUS_MAPPER_YAML")
+		}
 	}
 }
 

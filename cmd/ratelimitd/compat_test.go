@@ -46,6 +46,7 @@ func TestCompatDefaults(t *testing.T) {
 		"-backend=redis", "-redis-url=unix:///var/run/nutcracker/ratelimit.sock", "-redis-mode=standalone",
 		"-redis-pool-size=10", "-redis-read-timeout=10s", "-near-limit-ratio=0.8",
 		"-redis-key-format=reference", "-redis-prefix=", "-redis-expiration-jitter=300s",
+		"-statsd-addr=localhost:8125", "-statsd-flush-interval=10s",
 	} {
 		if !slices.Contains(args, want) {
 			t.Errorf("defaults lack %s: %q", want, args)
@@ -132,6 +133,32 @@ func TestCompatXDS(t *testing.T) {
 	}
 	if len(ignored) != 1 || !strings.HasPrefix(ignored[0], "XDS_CLIENT_BACKOFF_JITTER") {
 		t.Errorf("ignored %q", ignored)
+	}
+}
+
+// TestCompatStats: statsd on by default; USE_PROMETHEUS serves the
+// reference's series on its address; DISABLE_STATS turns both off.
+func TestCompatStats(t *testing.T) {
+	args, _, _, err := compatArgs(env{
+		"USE_STATSD": "false", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":9091",
+		"PROMETHEUS_MAPPER_YAML": "/etc/mapper.yaml", "EXTRA_TAGS": "env:prod",
+	}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"-reference-metrics-addr=:9091", "-reference-metrics-path=/metrics", "-reference-metrics-mapping=/etc/mapper.yaml", "-statsd-tags=env:prod"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args lack %s: %q", want, args)
+		}
+	}
+	args, _, _, err = compatArgs(env{"DISABLE_STATS": "true", "USE_PROMETHEUS": "true", "STATSD_HOST": "statsd"}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range args {
+		if strings.HasPrefix(a, "-statsd-addr") || strings.HasPrefix(a, "-reference-metrics-addr") {
+			t.Errorf("DISABLE_STATS, yet %s", a)
+		}
 	}
 }
 
