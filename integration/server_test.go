@@ -68,8 +68,27 @@ type server struct {
 	exited   chan struct{}
 	waitErr  error
 
-	mu   sync.Mutex
-	logs []string
+	mu        sync.Mutex
+	logs      []string
+	listening map[string]string // log message → address, of every listener logged
+}
+
+// addr returns the address the server logged with msg, such as "serving
+// reference metrics", or fails.
+func (s *server) addr(t *testing.T, msg string) string {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s.mu.Lock()
+		a, ok := s.listening[msg]
+		seen := fmt.Sprint(s.listening)
+		s.mu.Unlock()
+		if ok {
+			return a
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in the logs within 10s: %s", msg, seen)
+		}
+	}
 }
 
 // startServer starts ratelimitd on free loopback ports with the example
@@ -87,11 +106,27 @@ func startServer(t *testing.T, extraArgs ...string) *server {
 	return startProcess(t, exec.Command(binary, args...))
 }
 
-// startProcess starts cmd, a ratelimitd logging JSON at level info or
-// more, and waits until it logs where it listens.
+// textAddr finds the message and address of a text log line.
+var textAddr = regexp.MustCompile(`msg="([^"]*)".* addr=(\S+)`)
+
+// listening returns the message and address of a log line that gives an
+// address, in JSON or in text; "" when it gives none.
+func listening(line string) (msg, addr string) {
+	var rec struct{ Msg, Addr string }
+	if json.Unmarshal([]byte(line), &rec) == nil {
+		return rec.Msg, rec.Addr
+	}
+	if m := textAddr.FindStringSubmatch(line); m != nil {
+		return m[1], m[2]
+	}
+	return "", ""
+}
+
+// startProcess starts cmd, a ratelimitd logging at level info or more,
+// and waits until it logs where it listens.
 func startProcess(t *testing.T, cmd *exec.Cmd) *server {
 	t.Helper()
-	s := &server{cmd: cmd, exited: make(chan struct{})}
+	s := &server{cmd: cmd, exited: make(chan struct{}), listening: map[string]string{}}
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +134,7 @@ func startProcess(t *testing.T, cmd *exec.Cmd) *server {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	addrs := make(chan [2]string, 4)
+	addrs := make(chan [2]string, 16)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -107,9 +142,14 @@ func startProcess(t *testing.T, cmd *exec.Cmd) *server {
 			s.mu.Lock()
 			s.logs = append(s.logs, line)
 			s.mu.Unlock()
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal([]byte(line), &rec) == nil && rec.Addr != "" {
-				addrs <- [2]string{rec.Msg, rec.Addr}
+			if msg, addr := listening(line); addr != "" {
+				select {
+				case addrs <- [2]string{msg, addr}:
+				default: // more listeners than startProcess reads
+				}
+				s.mu.Lock()
+				s.listening[msg] = addr
+				s.mu.Unlock()
 			}
 		}
 		s.waitErr = s.cmd.Wait()

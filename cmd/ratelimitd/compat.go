@@ -80,6 +80,7 @@ var ignoredSettings = map[string]string{
 	"XDS_CLIENT_BACKOFF_RANDOM_FACTOR":              "reconnects wait a random time up to the backoff (full jitter)",
 	"XDS_CLIENT_BACKOFF_JITTER":                     "reconnects wait a random time up to the backoff (full jitter)",
 	"CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL": "reconnects follow the backoff (XDS_CLIENT_BACKOFF_*)",
+	"GRPC_SERVER_TLS_CA_CERT":                       "not a setting of envoyproxy/ratelimit, which takes client CAs from GRPC_CLIENT_TLS_CACERT; Envoy Gateway sets it, and neither reads it",
 	"TRACING_SERVICE_NAMESPACE":                     "set OTEL_RESOURCE_ATTRIBUTES=service.namespace=…",
 	"TRACING_SERVICE_INSTANCE_ID":                   "set OTEL_RESOURCE_ATTRIBUTES=service.instance.id=…",
 }
