@@ -105,6 +105,10 @@ func TestReferenceEnvironment(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("/healthcheck: %d %s", resp.StatusCode, body)
 	}
+	// /rlconfig on the debug port too, where the reference serves it.
+	if rc := httpGet(t, "http://"+s.addr(t, "serving profiles (pprof): keep this address private")+"/rlconfig"); !strings.Contains(rc, "gateway.client: unit=MINUTE requests_per_unit=2") {
+		t.Errorf("/rlconfig on the debug port:\n%s", rc)
+	}
 	logs := strings.Join(s.logLines(), "\n")
 	for _, want := range []string{"compatibility mode", "settings not honoured", "REDIS_PIPELINE_WINDOW"} {
 		if !strings.Contains(logs, want) {

@@ -31,8 +31,11 @@ func listenerTLS(name string, f tlsconfig.Files, log *slog.Logger) (*tls.Config,
 
 // debugHandler serves Go's profiles (net/http/pprof) under /debug/pprof/,
 // for the opt-in -debug-addr only: profiles reveal internals and cost CPU.
-func debugHandler() http.Handler {
+// It also serves GET /rlconfig from app, where envoyproxy/ratelimit serves
+// it (its debug port, 6070).
+func debugHandler(app http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /rlconfig", app)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -273,7 +273,8 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	gs := grpc.NewServer(grpcOpts...)
 	svc.RegisterGRPC(gs)
-	hs := newHTTPServer(svc.WrapHTTP(withMetrics(withRulesSource(svc.HTTPHandler(), c, fromXDS), reg)), log)
+	app := svc.WrapHTTP(withMetrics(withRulesSource(svc.HTTPHandler(), c, fromXDS), reg))
+	hs := newHTTPServer(app, log)
 	hs.TLSConfig = httpTLS
 	servers := []*http.Server{hs}
 
@@ -296,7 +297,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 			hs.Close()
 			return fmt.Errorf("debug listener: %w", err)
 		}
-		ds := newHTTPServer(debugHandler(), log)
+		ds := newHTTPServer(debugHandler(app), log)
 		ds.WriteTimeout = 0 // profiles and traces stream for as long as asked
 		servers = append(servers, ds)
 		go func() { failed <- fmt.Errorf("debug server: %w", ds.Serve(debugLis)) }()
