@@ -23,12 +23,17 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
     go build -trimpath -ldflags="-s -w" -o /ratelimitd ./cmd/ratelimitd
+# envoyproxy/ratelimit's entry point, /bin/ratelimit, a link to the binary:
+# run under that name, ratelimitd takes the reference's environment
+# (docs/migrating.md), so its Deployments switch by the image alone.
+RUN mkdir -p /links/bin && ln -s /ratelimitd /links/bin/ratelimit
 
 FROM gcr.io/distroless/static-debian12:nonroot
 LABEL org.opencontainers.image.title="ratelimitd" \
       org.opencontainers.image.description="Rate-limit decision service for Envoy's RateLimitService v3" \
       org.opencontainers.image.source="https://github.com/ratelimitd/ratelimitd"
 COPY --from=build /ratelimitd /ratelimitd
+COPY --from=build /links/ /
 COPY examples/*.yaml /etc/ratelimitd/
 USER 65532:65532
 # 8080: HTTP (/json, /healthcheck, /metrics, /rlconfig, /explain); 8081: gRPC.

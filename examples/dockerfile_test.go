@@ -55,7 +55,7 @@ func TestDockerfile(t *testing.T) {
 	ins := readDockerfile(t, filepath.Join(repoRoot, "Dockerfile"))
 	var froms []string
 	args := map[string]string{}
-	var build, user, entrypoint, cmd string
+	var build, link, user, entrypoint, cmd string
 	var expose []string
 	copies := map[string]string{} // destination -> source
 	for _, in := range ins {
@@ -70,6 +70,9 @@ func TestDockerfile(t *testing.T) {
 		case "RUN":
 			if strings.Contains(in.Args, "go build") {
 				build = in.Args
+			}
+			if strings.Contains(in.Args, "ln -s") {
+				link = in.Args
 			}
 		case "COPY":
 			f := strings.Fields(in.Args)
@@ -116,6 +119,11 @@ func TestDockerfile(t *testing.T) {
 	}
 	if copies["/ratelimitd"] != "--from=build /ratelimitd" {
 		t.Errorf("the final stage does not copy the binary from the build stage to /ratelimitd")
+	}
+	// envoyproxy/ratelimit's entry point runs the binary under the name
+	// that turns compatibility mode on.
+	if !strings.Contains(link, "ln -s /ratelimitd /links/bin/ratelimit") || copies["/"] != "--from=build /links/" {
+		t.Errorf("the final stage has no /bin/ratelimit linked to /ratelimitd (RUN %q, COPY %q to /)", link, copies["/"])
 	}
 	var ep, cmdArgs []string
 	if err := json.Unmarshal([]byte(entrypoint), &ep); err != nil || !slices.Equal(ep, []string{"/ratelimitd"}) {

@@ -61,8 +61,6 @@ func compatMode(lookupEnv func(string) (string, bool)) (bool, error) {
 var ignoredSettings = map[string]string{
 	"REDIS_PIPELINE_WINDOW":                         "ratelimitd batches Redis calls by itself (-redis-coalesce)",
 	"REDIS_PIPELINE_LIMIT":                          "ratelimitd batches Redis calls by itself (-redis-coalesce)",
-	"REDIS_PERSECOND_PIPELINE_WINDOW":               "no per-second Redis",
-	"REDIS_PERSECOND_PIPELINE_LIMIT":                "no per-second Redis",
 	"REDIS_CLUSTER_PIPELINE_PARALLELISM":            "ratelimitd sends one call per Cluster slot, in parallel",
 	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":          "health stays serving with Redis down: the failure mode decides",
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR":                  "a call waits for a pooled connection up to -redis-read-timeout",

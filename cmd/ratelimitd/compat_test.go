@@ -267,3 +267,42 @@ func TestCompatServe(t *testing.T) {
 		t.Errorf("exit %d:\n%s", code, stderr.String())
 	}
 }
+
+// TestMigratingDocListsEverySetting: docs/migrating.md names every
+// reference setting compatibility mode reads or names as ignored.
+func TestMigratingDocListsEverySetting(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/migrating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := map[string]bool{}
+	for _, e := range []env{
+		{},
+		{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true", "FORCE_START_WITHOUT_INITIAL_CONFIG": "true", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "a:b"},
+		{"GRPC_SERVER_USE_TLS": "true", "GRPC_CLIENT_TLS_CACERT": "ca", "GRPC_UDS": "/s", "LOCAL_CACHE_SIZE_IN_BYTES": "1024"},
+		{"USE_PROMETHEUS": "true", "TRACING_ENABLED": "true", "REDIS_TYPE": "SENTINEL", "REDIS_URL": "m,s:1", "REDIS_SENTINEL_AUTH": "p"},
+	} {
+		lookup := func(name string) (string, bool) {
+			read[name] = true
+			return e.lookup(name)
+		}
+		if _, _, _, err := compatArgs(lookup); err != nil {
+			t.Fatal(err)
+		}
+		compatEnvironment(lookup)("OTEL_SERVICE_NAME")
+	}
+	for name := range ignoredSettings {
+		read[name] = true
+	}
+	for name := range read {
+		if strings.HasPrefix(name, "OTEL_") {
+			continue // ratelimitd's own
+		}
+		if !strings.Contains(string(doc), "`"+name+"`") && !strings.Contains(string(doc), "`"+name+" ") {
+			t.Errorf("docs/migrating.md does not name %s", name)
+		}
+	}
+	if len(read) < 80 {
+		t.Errorf("only %d settings read: the recording missed branches", len(read))
+	}
+}
