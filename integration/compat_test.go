@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"net/http"
@@ -16,6 +18,8 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	goredis "github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
@@ -127,5 +131,67 @@ func TestReferenceEnvironmentRefused(t *testing.T) {
 	var exitErr *exec.ExitError
 	if !errors.As(err, &exitErr) || exitErr.ExitCode() != 2 || !strings.Contains(string(out), "REDIS_PERSECOND=true") {
 		t.Fatalf("exit %v, want 2 naming REDIS_PERSECOND:\n%s", err, out)
+	}
+}
+
+// TestReferenceEnvironmentMutualTLS: GRPC_SERVER_USE_TLS with
+// GRPC_CLIENT_TLS_CACERT and GRPC_CLIENT_TLS_SAN require a client
+// certificate of that CA valid for that name, as the reference does.
+func TestReferenceEnvironmentMutualTLS(t *testing.T) {
+	t.Parallel()
+	redis := redistest.Start(t)
+	certs := redistest.WriteCerts(t)
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "gateway.yaml"), []byte("domain: gateway\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.LoadX509KeyPair(certs.Cert, certs.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(certs.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	call := func(addr string, withCert bool) error {
+		cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		if withCert {
+			cfg.Certificates = []tls.Certificate{pair}
+		}
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "gateway", Descriptors: []*rlv3.RateLimitDescriptor{
+			{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "client", Value: "a"}}}}})
+		return err
+	}
+	for _, c := range []struct {
+		san     string
+		withOK  bool // a client with the certificate is served
+		without bool // a client without one is served
+	}{
+		{"localhost", true, false},  // the certificate holds localhost
+		{"elsewhere", false, false}, // it does not hold this name
+	} {
+		cmd := exec.Command(asReference(t))
+		cmd.Env = referenceEnv(root, redis.Addr, "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT="+certs.Cert, "GRPC_SERVER_TLS_KEY="+certs.Key,
+			"GRPC_CLIENT_TLS_CACERT="+certs.CA, "GRPC_CLIENT_TLS_SAN="+c.san)
+		s := startProcess(t, cmd)
+		if err := call(s.grpcAddr, true); (err == nil) != c.withOK {
+			t.Errorf("SAN %s, client with a certificate for localhost: %v; served: want %v", c.san, err, c.withOK)
+		}
+		if err := call(s.grpcAddr, false); (err == nil) != c.without {
+			t.Errorf("SAN %s, client without a certificate: %v; served: want %v", c.san, err, c.without)
+		}
 	}
 }
