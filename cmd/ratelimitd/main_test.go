@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -247,4 +249,48 @@ func TestWatchEvictionsWarns(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestServeUnixSocket serves gRPC on a Unix socket (-grpc-addr unix:PATH,
+// the reference's GRPC_UDS), replacing a socket file a previous run left.
+func TestServeUnixSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "ratelimit.sock")
+	stale, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.(*net.UnixListener).SetUnlinkOnClose(false)
+	stale.Close() // the file stays, as after a crash
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := lineWriter{lines: make(chan string, 100)}
+	exit := make(chan int, 1)
+	go func() {
+		exit <- Main(ctx, []string{"-config", "../../examples", "-grpc-addr", "unix:" + sock, "-http-addr", "127.0.0.1:0", "-shutdown-delay", "0s",
+			"-log-format", "json"}, env{}.lookup, io.Discard, logs)
+	}()
+	for served := false; !served; {
+		select {
+		case line := <-logs.lines:
+			served = strings.Contains(line, `"msg":"serving gRPC"`)
+		case code := <-exit:
+			t.Fatalf("serve exited early with %d", code)
+		case <-time.After(30 * time.Second):
+			t.Fatal("serve did not serve gRPC within 30s")
+		}
+	}
+	conn, err := grpc.NewClient("unix:"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "posts", Descriptors: []*rlv3.RateLimitDescriptor{
+		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user_id", Value: "alice"}}}}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("ShouldRateLimit over the socket: %v, %v", resp, err)
+	}
+	cancel()
+	if code := <-exit; code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
 }
