@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
 	"net/http"
@@ -149,20 +147,10 @@ func TestReferenceEnvironmentMutualTLS(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "gateway.yaml"), []byte("domain: gateway\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pair, err := tls.LoadX509KeyPair(certs.Cert, certs.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(certs.CA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
 	call := func(addr string, withCert bool) error {
-		cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-		if withCert {
-			cfg.Certificates = []tls.Certificate{pair}
+		cfg := certs.MutualClient()
+		if !withCert {
+			cfg.Certificates = nil
 		}
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 		if err != nil {

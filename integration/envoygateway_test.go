@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"io"
 	"net/http"
 	"os"
@@ -53,19 +51,7 @@ const statsdMapping = `mappings:
 func TestEnvoyGateway(t *testing.T) {
 	t.Parallel()
 	certs := redistest.WriteCerts(t)
-	pair, err := tls.LoadX509KeyPair(certs.Cert, certs.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(certs.CA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	cp := xdstest.Start(t, &tls.Config{
-		Certificates: []tls.Certificate{pair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool, MinVersion: tls.VersionTLS12,
-	})
+	cp := xdstest.Start(t, certs.MutualServer())
 	redis := redistest.Start(t)
 	dir := t.TempDir()
 	mapping := filepath.Join(dir, "conf.yaml")
@@ -106,9 +92,7 @@ func TestEnvoyGateway(t *testing.T) {
 	s := startProcess(t, cmd)
 
 	// Decisions over TLS, the gateway's client certificate presented.
-	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
-		Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12,
-	})))
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(certs.MutualClient())))
 	if err != nil {
 		t.Fatal(err)
 	}

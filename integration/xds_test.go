@@ -2,9 +2,6 @@ package integration
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -24,19 +21,7 @@ import (
 func TestRulesOverXDS(t *testing.T) {
 	t.Parallel()
 	certs := redistest.WriteCerts(t)
-	pair, err := tls.LoadX509KeyPair(certs.Cert, certs.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(certs.CA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	cp := xdstest.Start(t, &tls.Config{
-		Certificates: []tls.Certificate{pair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool, MinVersion: tls.VersionTLS12,
-	})
+	cp := xdstest.Start(t, certs.MutualServer())
 	login := func(n uint32) *rlsconfv3.RateLimitConfig {
 		return xdstest.Limit("login", "auth", "auth_type", "basic", n, rlsconfv3.RateLimitUnit_HOUR)
 	}

@@ -21,6 +21,22 @@ import (
 type CertFiles struct {
 	CA, Cert, Key string
 	Client        *tls.Config
+	// Pair is the certificate and key of Cert and Key, valid for server
+	// and client authentication; Pool holds the CA.
+	Pair tls.Certificate
+	Pool *x509.CertPool
+}
+
+// MutualServer returns the TLS config of a server that presents Pair and
+// requires client certificates signed by the CA.
+func (f CertFiles) MutualServer() *tls.Config {
+	return &tls.Config{Certificates: []tls.Certificate{f.Pair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: f.Pool, MinVersion: tls.VersionTLS12}
+}
+
+// MutualClient returns the TLS config of a client that trusts the CA and
+// presents Pair.
+func (f CertFiles) MutualClient() *tls.Config {
+	return &tls.Config{Certificates: []tls.Certificate{f.Pair}, RootCAs: f.Pool, MinVersion: tls.VersionTLS12}
 }
 
 // WriteCerts makes a throwaway CA and a server certificate for 127.0.0.1,
@@ -100,5 +116,9 @@ func writeCerts(dir string) (CertFiles, error) {
 	pool := x509.NewCertPool()
 	pool.AddCert(caCert)
 	f.Client = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	f.Pool = pool
+	if f.Pair, err = tls.LoadX509KeyPair(f.Cert, f.Key); err != nil {
+		return CertFiles{}, err
+	}
 	return f, nil
 }

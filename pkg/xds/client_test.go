@@ -2,9 +2,6 @@ package xds_test
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -268,20 +265,7 @@ func TestReconnect(t *testing.T) {
 func TestMutualTLS(t *testing.T) {
 	t.Parallel()
 	certs := redistest.WriteCerts(t)
-	pair, err := tls.LoadX509KeyPair(certs.Cert, certs.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM, err := os.ReadFile(certs.CA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	srv := xdstest.Start(t, &tls.Config{
-		Certificates: []tls.Certificate{pair}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool,
-		MinVersion: tls.VersionTLS12,
-	})
+	srv := xdstest.Start(t, certs.MutualServer())
 	srv.Set(t, "default", "1", xdstest.Limit("a", "a", "k", "", 3, rlsconfv3.RateLimitUnit_SECOND))
 
 	// The certificate names localhost and 127.0.0.1; ServerName checks
