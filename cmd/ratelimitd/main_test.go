@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -166,30 +165,9 @@ func (w lineWriter) Write(p []byte) (int, error) {
 // TestServeInProcess runs serve on free ports, calls it over gRPC and
 // HTTP, and stops it through the context as a signal would.
 func TestServeInProcess(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs := lineWriter{lines: make(chan string, 100)}
-	exit := make(chan int, 1)
-	go func() {
-		exit <- Main(ctx, []string{"-config", "../../examples", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-shutdown-delay", "0s",
-			"-log-format", "json"}, env{}.lookup, io.Discard, logs)
-	}()
-
-	addrs := map[string]string{}
-	timeout := time.After(30 * time.Second)
-	for len(addrs) < 2 {
-		select {
-		case line := <-logs.lines:
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "serving ") {
-				addrs[rec.Msg] = rec.Addr
-			}
-		case code := <-exit:
-			t.Fatalf("serve exited early with %d", code)
-		case <-timeout:
-			t.Fatal("serve did not log its addresses within 30s")
-		}
-	}
+	p := startServe(t, true, "-config", "../../examples")
+	ctx := context.Background()
+	addrs := p.addrs
 
 	conn, err := grpc.NewClient(addrs["serving gRPC"], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -208,14 +186,8 @@ func TestServeInProcess(t *testing.T) {
 	}
 	hr.Body.Close()
 
-	cancel()
-	select {
-	case code := <-exit:
-		if code != exitOK {
-			t.Fatalf("exit %d after shutdown, want 0", code)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop within 30s of its context ending")
+	if code := p.stop(t); code != exitOK {
+		t.Fatalf("exit %d after shutdown, want 0", code)
 	}
 }
 
@@ -261,24 +233,11 @@ func TestServeUnixSocket(t *testing.T) {
 	}
 	stale.(*net.UnixListener).SetUnlinkOnClose(false)
 	stale.Close() // the file stays, as after a crash
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs := lineWriter{lines: make(chan string, 100)}
-	exit := make(chan int, 1)
-	go func() {
-		exit <- Main(ctx, []string{"-config", "../../examples", "-grpc-addr", "unix:" + sock, "-http-addr", "127.0.0.1:0", "-shutdown-delay", "0s",
-			"-log-format", "json"}, env{}.lookup, io.Discard, logs)
-	}()
-	for served := false; !served; {
-		select {
-		case line := <-logs.lines:
-			served = strings.Contains(line, `"msg":"serving gRPC"`)
-		case code := <-exit:
-			t.Fatalf("serve exited early with %d", code)
-		case <-time.After(30 * time.Second):
-			t.Fatal("serve did not serve gRPC within 30s")
-		}
+	p := startServe(t, false, "-config", "../../examples", "-grpc-addr", "unix:"+sock)
+	if a := p.addr(t, "serving gRPC"); a != sock {
+		t.Fatalf("serving gRPC at %q, want %q", a, sock)
 	}
+	ctx := context.Background()
 	conn, err := grpc.NewClient("unix:"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -289,8 +248,7 @@ func TestServeUnixSocket(t *testing.T) {
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("ShouldRateLimit over the socket: %v, %v", resp, err)
 	}
-	cancel()
-	if code := <-exit; code != exitOK {
+	if code := p.stop(t); code != exitOK {
 		t.Fatalf("exit %d", code)
 	}
 }

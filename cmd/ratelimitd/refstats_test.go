@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -61,30 +60,10 @@ func TestServeRefStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer udp.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	logs := lineWriter{lines: make(chan string, 100)}
-	exit := make(chan int, 1)
-	go func() {
-		exit <- Main(ctx, []string{"-config", "../../examples", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
-			"-log-format", "json", "-reference-metrics-addr", "127.0.0.1:0", "-statsd-flush-interval", "50ms", "-shutdown-delay", "0s"},
-			env{"RATELIMITD_STATSD_ADDR": udp.LocalAddr().String(), "RATELIMITD_STATSD_TAGS": "env:test"}.lookup, io.Discard, logs)
-	}()
-	addrs := map[string]string{}
-	timeout := time.After(30 * time.Second)
-	for len(addrs) < 3 {
-		select {
-		case line := <-logs.lines:
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "serving ") {
-				addrs[rec.Msg] = rec.Addr
-			}
-		case code := <-exit:
-			t.Fatalf("serve exited early with %d", code)
-		case <-timeout:
-			t.Fatalf("serve did not log its addresses within 30s: %v", addrs)
-		}
-	}
+	p := startServeEnv(t, env{"RATELIMITD_STATSD_ADDR": udp.LocalAddr().String(), "RATELIMITD_STATSD_TAGS": "env:test"}, true,
+		"-config", "../../examples", "-reference-metrics-addr", "127.0.0.1:0", "-statsd-flush-interval", "50ms")
+	ctx := context.Background()
+	addrs := map[string]string{"serving gRPC": p.grpcAddr, "serving HTTP": p.httpAddr, "serving reference metrics": p.addr(t, "serving reference metrics")}
 
 	conn, err := grpc.NewClient(addrs["serving gRPC"], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -175,13 +154,7 @@ func TestServeRefStats(t *testing.T) {
 		t.Error("/metrics shows the reference's series: they belong on -reference-metrics-addr")
 	}
 
-	cancel()
-	select {
-	case code := <-exit:
-		if code != exitOK {
-			t.Fatalf("exit %d after shutdown, want 0", code)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not stop within 30s of its context ending")
+	if code := p.stop(t); code != exitOK {
+		t.Fatalf("exit %d after shutdown, want 0", code)
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -46,72 +45,6 @@ func TestXDSUsageErrors(t *testing.T) {
 	if code != exitError || !strings.Contains(errOut, "xDS CA file") {
 		t.Errorf("a missing CA file: exit %d, %q", code, errOut)
 	}
-}
-
-// inProcess is serve running in this process.
-type inProcess struct {
-	grpcAddr, httpAddr string
-	exit               chan int
-	cancel             context.CancelFunc
-	logs               lineWriter
-}
-
-// startServe runs Main with args and, when wantServing, waits until it
-// logs its addresses.
-func startServe(t *testing.T, wantServing bool, args ...string) *inProcess {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &inProcess{exit: make(chan int, 1), cancel: cancel, logs: lineWriter{lines: make(chan string, 1000)}}
-	go func() {
-		p.exit <- Main(ctx, append([]string{"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0", "-log-format", "json", "-shutdown-delay", "0s"}, args...),
-			env{}.lookup, io.Discard, p.logs)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-p.exit:
-		case <-time.After(30 * time.Second):
-			t.Error("serve did not stop within 30s of its context ending")
-		}
-	})
-	if wantServing {
-		p.waitServing(t, 30*time.Second)
-	}
-	return p
-}
-
-// waitServing waits for the addresses; it fails t when they do not come
-// within timeout.
-func (p *inProcess) waitServing(t *testing.T, timeout time.Duration) {
-	t.Helper()
-	if !p.serving(t, timeout) {
-		t.Fatalf("serve did not log its addresses within %v", timeout)
-	}
-}
-
-// serving reports whether serve logs its addresses within timeout.
-func (p *inProcess) serving(t *testing.T, timeout time.Duration) bool {
-	t.Helper()
-	deadline := time.After(timeout)
-	for p.grpcAddr == "" || p.httpAddr == "" {
-		select {
-		case line := <-p.logs.lines:
-			var rec struct{ Msg, Addr string }
-			if json.Unmarshal([]byte(line), &rec) == nil {
-				switch rec.Msg {
-				case "serving gRPC":
-					p.grpcAddr = rec.Addr
-				case "serving HTTP":
-					p.httpAddr = rec.Addr
-				}
-			}
-		case code := <-p.exit:
-			t.Fatalf("serve exited early with %d", code)
-		case <-deadline:
-			return false
-		}
-	}
-	return true
 }
 
 func (p *inProcess) get(t *testing.T, path string) string {
