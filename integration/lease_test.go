@@ -102,7 +102,9 @@ func TestLeasedAcrossReplicas(t *testing.T) {
 		t.Run(topo.name, func(t *testing.T) {
 			url, admin, extra := topo.start(t)
 			defer admin.Close()
-			args := append(redisArgs(t, url, topo.mode, "-config", rules), extra...)
+			// A slow answer on a loaded machine is no failure here: these
+			// tests are about what is admitted, not how fast.
+			args := append(redisArgs(t, url, topo.mode, "-config", rules, "-redis-read-timeout", "2s", "-redis-write-timeout", "2s"), extra...)
 			servers := make([]*server, 3)
 			clients := make([]rlsv3.RateLimitServiceClient, 3)
 			for i := range servers {

@@ -561,6 +561,30 @@ func TestLeastPrivilegeACL(t *testing.T) {
 					t.Fatalf("slot op %d: %+v", i, out[0])
 				}
 			}
+			// The reference layout (-redis-key-format reference) needs
+			// INCRBY and EXPIRE too, as docs/redis.md says: refused
+			// without them, decided with them.
+			fixed := algo.Limit{Algorithm: algo.FixedWindow, Requests: 2, Window: time.Minute}
+			ref := []algo.Request{{Key: []byte(fmt.Sprint("native-", time.Now().UnixNano())), RefKey: refKey("acl", "user", fmt.Sprint(time.Now().UnixNano())), Limit: fixed, Hits: 1}}
+			if err := b.Decide(ctx, ref, out); err == nil || !strings.Contains(err.Error(), "can't run this command") {
+				t.Errorf("a reference key without +incrby +expire: %v, want the ACL to refuse it", err)
+			}
+			for _, a := range tc.addrs {
+				admin := goredis.NewClient(&goredis.Options{Addr: a})
+				err := admin.Do(ctx, "ACL", "SETUSER", "ratelimitd", "+incrby", "+expire").Err()
+				admin.Close()
+				if err != nil {
+					t.Fatalf("ACL SETUSER +incrby +expire on %s: %v", a, err)
+				}
+			}
+			for i := range 3 {
+				if err := b.Decide(ctx, ref, out); err != nil {
+					t.Fatalf("a reference key with +incrby +expire, hit %d: %v", i+1, err)
+				}
+				if out[0].Allowed != (i < 2) {
+					t.Fatalf("reference key, hit %d: %+v", i+1, out[0])
+				}
+			}
 			if err := b.Client().Do(ctx, "FLUSHALL").Err(); err == nil || !strings.Contains(err.Error(), "NOPERM") {
 				t.Errorf("FLUSHALL as the least-privileged user: %v, want NOPERM", err)
 			}
