@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -57,7 +58,7 @@ func compatMode(lookupEnv func(string) (string, bool)) (bool, error) {
 
 // ignoredSettings are the reference's settings compatibility mode does not
 // honour, with why: set to anything but their default, they are named in
-// one startup warning. None of them changes a decision.
+// one startup warning. None of them changes a decision. Read only.
 var ignoredSettings = map[string]string{
 	"REDIS_PIPELINE_WINDOW":                         "ratelimitd batches Redis calls by itself (-redis-coalesce)",
 	"REDIS_PIPELINE_LIMIT":                          "ratelimitd batches Redis calls by itself (-redis-coalesce)",
@@ -85,7 +86,7 @@ var ignoredSettings = map[string]string{
 
 // ignoredDefaults are the reference's defaults of ignored settings whose
 // default is not empty: set to it, a setting changes nothing and is not
-// warned of.
+// warned of. Read only.
 var ignoredDefaults = map[string]string{
 	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":          "false",
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR":                  "WAIT",
@@ -132,6 +133,8 @@ func (c *compat) bool(name string, def bool) bool {
 	return b
 }
 
+// duration reads a duration setting, as Go's time.ParseDuration does,
+// which the reference uses.
 func (c *compat) duration(name, def string) string {
 	v := c.get(name, def)
 	if _, err := time.ParseDuration(v); err != nil {
@@ -154,8 +157,8 @@ func (c *compat) refuse(format string, args ...any) {
 
 // compatArgs maps the reference's environment to ratelimitd's flags, in
 // the order they are given (the command line's own flags, after them,
-// win). ignored names each setting set but not honoured, from the
-// settings each flag comes from; err lists every setting whose value
+// win). ignored names each setting set but not honoured; from maps each
+// flag to the settings it comes from; err lists every setting whose value
 // cannot be honoured, such as one that would change decisions if
 // ratelimitd ran anyway.
 func compatArgs(lookupEnv func(string) (string, bool)) (args, ignored []string, from map[string]string, err error) {
@@ -167,13 +170,7 @@ func compatArgs(lookupEnv func(string) (string, bool)) (args, ignored []string, 
 	c.limits()
 	c.stats()
 	c.tracing()
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for n := range ignoredSettings {
-			if !yield(n) {
-				return
-			}
-		}
-	}) {
+	for _, name := range slices.Sorted(maps.Keys(ignoredSettings)) {
 		if v, ok := lookupEnv(name); ok && v != "" && v != ignoredDefaults[name] {
 			c.ignored = append(c.ignored, name+" ("+ignoredSettings[name]+")")
 		}
