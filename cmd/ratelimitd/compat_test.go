@@ -306,3 +306,25 @@ func TestMigratingDocListsEverySetting(t *testing.T) {
 		t.Errorf("only %d settings read: the recording missed branches", len(read))
 	}
 }
+
+// TestCompatLogsNoSecret: the flags logged at start-up hide the Redis
+// password and the xDS headers.
+func TestCompatLogsNoSecret(t *testing.T) {
+	args, _, _, err := compatArgs(env{
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379", "REDIS_AUTH": "app:hunter2",
+		"REDIS_TYPE": "SINGLE", "REDIS_SENTINEL_AUTH": "hunter3",
+		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS": "authorization:hunter4",
+	}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logged := strings.Join(redactedFlags(args), " ")
+	for _, secret := range []string{"hunter2", "hunter3", "hunter4"} {
+		if strings.Contains(logged, secret) {
+			t.Errorf("the logged flags show %s: %s", secret, logged)
+		}
+	}
+	if !strings.Contains(logged, "-redis-url=redis://app:xxxxx@redis:6379") {
+		t.Errorf("the logged flags lack the redacted Redis URL: %s", logged)
+	}
+}
