@@ -93,12 +93,12 @@ func newTracedBackend(inner algo.Backend, tp trace.TracerProvider, name string) 
 }
 
 // Reset implements algo.Resetter when the traced backend does.
-func (b tracedBackend) Reset(ctx context.Context, keys [][]byte) error {
+func (b tracedBackend) Reset(ctx context.Context, reqs []algo.Request) error {
 	r, ok := b.inner.(algo.Resetter)
 	if !ok {
 		return errors.New("the backend cannot reset keys")
 	}
-	return r.Reset(ctx, keys)
+	return r.Reset(ctx, reqs)
 }
 
 // Decide implements algo.Backend.

@@ -228,7 +228,10 @@ type Backend interface {
 }
 
 // Resetter is a Backend that can forget keys: their next decision starts
-// from a fresh state. It serves operators' Reset.
+// from a fresh state. It serves operators' Reset. Each request names a
+// state as [Backend.Decide] would find it: its Key, and for a backend
+// that keeps it there, its RefKey (the current window's); Hits and Op
+// are not read.
 type Resetter interface {
-	Reset(ctx context.Context, keys [][]byte) error
+	Reset(ctx context.Context, reqs []Request) error
 }

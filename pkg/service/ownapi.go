@@ -69,10 +69,7 @@ func (a ownAPI) Reset(ctx context.Context, req *ratelimitdv1.ResetRequest) (*rat
 	if c.kind != counted {
 		return nil, status.Errorf(codes.NotFound, "no rule with a limit matches the descriptor in domain %q", rls.Domain)
 	}
-	keys := make([][]byte, 0, len(sc.reqs))
-	for i := range sc.reqs {
-		keys = append(keys, sc.reqs[i].Key)
-	}
+	keys := sc.reqs
 	if err := resetter.Reset(ctx, keys); err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, status.FromContextError(ctxErr).Err()

@@ -139,14 +139,14 @@ func (b *Breaker) Decide(ctx context.Context, reqs []algo.Request, out []algo.De
 
 // Reset implements [algo.Resetter] when the guarded backend does. It is an
 // operator's call: it bypasses the circuit, with the same deadline.
-func (b *Breaker) Reset(ctx context.Context, keys [][]byte) error {
+func (b *Breaker) Reset(ctx context.Context, reqs []algo.Request) error {
 	r, ok := b.inner.(algo.Resetter)
 	if !ok {
 		return errors.New("breaker: the backend cannot reset keys")
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
 	defer cancel()
-	return r.Reset(ctx, keys)
+	return r.Reset(ctx, reqs)
 }
 
 // admit lets a call through, or says why not. probe reports that the call

@@ -651,12 +651,13 @@ func (e *Engine) lockAll(reqs []algo.Request, f func(i int, sh *shard)) {
 // Reset implements [algo.Resetter]: it drops this replica's leases of the
 // keys, without giving them back, and resets the keys in the inner
 // backend, which must be an [algo.Resetter].
-func (e *Engine) Reset(ctx context.Context, keys [][]byte) error {
+func (e *Engine) Reset(ctx context.Context, reqs []algo.Request) error {
 	r, ok := e.inner.(algo.Resetter)
 	if !ok {
 		return errors.New("lease: the backend cannot reset keys")
 	}
-	for _, k := range keys {
+	for i := range reqs {
+		k := reqs[i].Key
 		sh := &e.shards[maphash.Bytes(e.seed, k)%numShards]
 		sh.mu.Lock()
 		if en := sh.m[string(k)]; en != nil {
@@ -666,5 +667,5 @@ func (e *Engine) Reset(ctx context.Context, keys [][]byte) error {
 		}
 		sh.mu.Unlock()
 	}
-	return r.Reset(ctx, keys)
+	return r.Reset(ctx, reqs)
 }

@@ -45,8 +45,8 @@ func (c *counting) Decide(ctx context.Context, reqs []algo.Request, out []algo.D
 	return c.inner.Decide(ctx, reqs, out)
 }
 
-func (c *counting) Reset(ctx context.Context, keys [][]byte) error {
-	return c.inner.(algo.Resetter).Reset(ctx, keys)
+func (c *counting) Reset(ctx context.Context, reqs []algo.Request) error {
+	return c.inner.(algo.Resetter).Reset(ctx, reqs)
 }
 
 // store is a shared store: a memory backend on clock c.

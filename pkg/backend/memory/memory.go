@@ -174,11 +174,12 @@ func (b *Backend) Decide(ctx context.Context, reqs []algo.Request, out []algo.De
 }
 
 // Reset implements [algo.Resetter]: it forgets keys.
-func (b *Backend) Reset(ctx context.Context, keys [][]byte) error {
+func (b *Backend) Reset(ctx context.Context, reqs []algo.Request) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	for _, k := range keys {
+	for i := range reqs {
+		k := reqs[i].Key
 		sh := &b.shards[maphash.Bytes(b.seed, k)&b.mask]
 		sh.mu.Lock()
 		delete(sh.m, string(k))

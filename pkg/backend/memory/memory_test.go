@@ -435,7 +435,7 @@ func TestReset(t *testing.T) {
 	if !decide("a") || decide("a") || !decide("b") {
 		t.Fatal("a token bucket of 1 admitted the wrong hits")
 	}
-	if err := b.Reset(ctx, [][]byte{[]byte("a")}); err != nil {
+	if err := b.Reset(ctx, []algo.Request{{Key: []byte("a")}}); err != nil {
 		t.Fatal(err)
 	}
 	if !decide("a") || decide("b") {

@@ -132,18 +132,18 @@ func New(inner algo.Backend, opts Options) (*Cache, error) {
 
 // Reset implements [algo.Resetter]: it forgets the keys' refusals and
 // resets them in the inner backend, which must be an [algo.Resetter].
-func (c *Cache) Reset(ctx context.Context, keys [][]byte) error {
+func (c *Cache) Reset(ctx context.Context, reqs []algo.Request) error {
 	r, ok := c.inner.(algo.Resetter)
 	if !ok {
 		return errors.New("overlimit: the backend cannot reset keys")
 	}
 	c.mu.Lock()
-	for _, k := range keys {
-		delete(c.m, string(k))
+	for i := range reqs {
+		delete(c.m, string(reqs[i].Key))
 	}
 	c.size.Store(int64(len(c.m)))
 	c.mu.Unlock()
-	return r.Reset(ctx, keys)
+	return r.Reset(ctx, reqs)
 }
 
 // Hits returns how many batches were answered locally.

@@ -180,19 +180,25 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 	return err
 }
 
-// Reset implements [algo.Resetter]: it deletes the keys, in one pipeline
-// (a Cluster sends each DEL to its key's master).
-func (b *Backend) Reset(ctx context.Context, keys [][]byte) error {
-	if len(keys) == 0 {
+// Reset implements [algo.Resetter]: it deletes each request's native key
+// and, for one kept in the reference layout, its current window's
+// reference key too, in one pipeline (a Cluster sends each DEL to its
+// key's master).
+func (b *Backend) Reset(ctx context.Context, reqs []algo.Request) error {
+	if len(reqs) == 0 {
 		return nil
 	}
+	refs, _ := b.prepare(reqs, b.cluster != nil)
 	_, err := b.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
-		for _, k := range keys {
-			key := b.opts.Prefix + string(k)
+		for i := range reqs {
+			key := b.opts.Prefix + string(reqs[i].Key)
 			if b.cluster != nil {
-				key = b.clusterKey(k)
+				key = b.clusterKey(reqs[i].Key)
 			}
 			p.Del(ctx, key)
+			if refs[i] != key {
+				p.Del(ctx, refs[i]) // the reference layout's
+			}
 		}
 		return nil
 	})

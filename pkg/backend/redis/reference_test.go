@@ -268,3 +268,34 @@ func TestReferenceLayoutOnCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestReferenceLayoutReset: an operator's Reset of a request kept in the
+// reference layout deletes its current window's reference key, which
+// reference pods count in too, and its native key.
+func TestReferenceLayoutReset(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000/60*60+10, 0)
+	b := New(c, Options{Prefix: fmt.Sprintf("reset:%d:", time.Now().UnixNano()), Now: func() time.Time { return now }})
+	stem := refKey("rl", "user", "alice")
+	perMinute := algo.Limit{Algorithm: algo.FixedWindow, Requests: 10, Window: time.Minute}
+	full := b.opts.Prefix + string(stem) + strconv.FormatInt(now.Unix()/60*60, 10)
+	req := []algo.Request{{Key: []byte("native"), RefKey: stem, Limit: perMinute, Hits: 4}}
+	out := make([]algo.Decision, 1)
+	if err := b.Decide(ctx, req, out); err != nil || !out[0].Allowed {
+		t.Fatalf("4 hits: %+v, %v", out[0], err)
+	}
+	if v, err := c.Get(ctx, full).Int64(); err != nil || v != 4 {
+		t.Fatalf("GET %s = %d, %v; want 4", full, v, err)
+	}
+	if err := b.Reset(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Exists(ctx, full).Result(); err != nil || n != 0 {
+		t.Fatalf("%s after the reset: exists %d, %v; want gone", full, n, err)
+	}
+	req[0].Hits = 0
+	if err := b.Decide(ctx, req, out); err != nil || out[0].Remaining != 10 {
+		t.Fatalf("after the reset: %+v, %v; want 10 remaining", out[0], err)
+	}
+}

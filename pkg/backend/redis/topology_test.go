@@ -669,7 +669,7 @@ func TestReset(t *testing.T) {
 					}
 				}
 			}
-			if err := b.Reset(ctx, keys[:2]); err != nil {
+			if err := b.Reset(ctx, []algo.Request{{Key: keys[0]}, {Key: keys[1]}}); err != nil {
 				t.Fatal(err)
 			}
 			for i, k := range keys {
