@@ -72,12 +72,14 @@ type fixture struct {
 
 func start(t *testing.T, opts rlqs.Options) *fixture {
 	t.Helper()
-	rules, err := config.Parse(config.File{Name: "quota.yaml", Data: []byte(rulesYAML)})
-	if err != nil {
-		t.Fatal(err)
+	if opts.Rules == nil {
+		rules, err := config.Parse(config.File{Name: "quota.yaml", Data: []byte(rulesYAML)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Rules = func() *config.Rules { return rules }
 	}
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
-	opts.Rules = func() *config.Rules { return rules }
 	opts.Now = clk.Now
 	opts.Logger = slog.New(slog.DiscardHandler)
 	srv, err := rlqs.New(opts)
