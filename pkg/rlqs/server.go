@@ -211,6 +211,7 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 	}
 	descs := make([]bucketDescriptor, len(usages))
 	keys := make([]string, len(usages))
+	index := make(map[string]int, len(usages))
 	for i, u := range usages {
 		d, err := newBucketDescriptor(u.GetBucketId().GetBucket())
 		if err != nil {
@@ -220,6 +221,10 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: time_elapsed %v is not a duration of 0 or more", i, te)
 		}
 		descs[i], keys[i] = d, d.key()
+		if j, dup := index[keys[i]]; dup {
+			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: bucket_id %v repeats bucket_quota_usages[%d]; report each bucket once", i, d, j)
+		}
+		index[keys[i]] = i
 	}
 
 	var dom *config.Domain

@@ -231,6 +231,7 @@ func TestBadInput(t *testing.T) {
 		{"nil bucket id", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{{NumRequestsAllowed: 1}}}, []string{"quota"}, codes.InvalidArgument, "bucket_id is empty"},
 		{"too many entries", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0, many...)}}, []string{"quota"}, codes.InvalidArgument, "at most 16"},
 		{"too many buckets", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0, "a", "1"), usage(1, 0, "a", "2"), usage(1, 0, "a", "3")}}, []string{"quota"}, codes.InvalidArgument, "report of 3 buckets: at most 2"},
+		{"bucket repeated", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0, "a", "1", "b", "2"), usage(1, 0, "b", "2", "a", "1")}}, []string{"quota"}, codes.InvalidArgument, "repeats bucket_quota_usages[0]"},
 		{"domain changed", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0, "a", "1")}, {usage(1, 0, "a", "1")}}, []string{"quota", "other"}, codes.InvalidArgument, "keeps the domain of its first report"},
 	}
 	for _, c := range cases {
