@@ -87,6 +87,8 @@ type Server struct {
 	pools   map[poolKey]*pool
 	streams uint64 // the last stream id given
 	active  int    // streams open
+	closing chan struct{}
+	closed  sync.Once
 }
 
 // New returns a server deciding buckets with opts.
@@ -125,10 +127,11 @@ func New(opts Options) (*Server, error) {
 		opts.Logger = slog.Default()
 	}
 	s := &Server{
-		opts:  opts,
-		allow: blanket(typev3.RateLimitStrategy_ALLOW_ALL),
-		deny:  blanket(typev3.RateLimitStrategy_DENY_ALL),
-		pools: make(map[poolKey]*pool),
+		opts:    opts,
+		allow:   blanket(typev3.RateLimitStrategy_ALLOW_ALL),
+		deny:    blanket(typev3.RateLimitStrategy_DENY_ALL),
+		pools:   make(map[poolKey]*pool),
+		closing: make(chan struct{}),
 	}
 	if opts.Default == nil {
 		s.opts.Default = s.allow
@@ -168,29 +171,68 @@ type streamBucket struct {
 // assignment for every bucket reported, and abandon_action for the buckets
 // the stream stopped reporting.
 func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
+	select {
+	case <-s.closing:
+		return errClosing
+	default:
+	}
 	s.mu.Lock()
 	s.streams++
 	s.active++
 	ss := &stream{id: s.streams, buckets: make(map[string]*streamBucket)}
 	s.mu.Unlock()
 	defer s.leave(ss)
+
+	// Reports are received on a goroutine of their own so that Close can
+	// end the stream while it waits for one; it ends when the stream does.
+	reports := make(chan *rlqsv3.RateLimitQuotaUsageReports)
+	failed := make(chan error, 1)
+	go func() {
+		for {
+			rep, err := st.Recv()
+			if err != nil {
+				failed <- err
+				return
+			}
+			select {
+			case reports <- rep:
+			case <-st.Context().Done():
+				return
+			}
+		}
+	}()
 	for {
-		rep, err := st.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
+		select {
+		case <-s.closing:
+			return errClosing
+		case err := <-failed:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
 			return err
-		}
-		resp, err := s.handle(ss, rep)
-		if err != nil {
-			s.opts.Logger.Warn("rlqs report rejected", "stream", ss.id, "domain", ss.domain, "error", err)
-			return err
-		}
-		if err := st.Send(resp); err != nil {
-			return err
+		case rep := <-reports:
+			resp, err := s.handle(ss, rep)
+			if err != nil {
+				s.opts.Logger.Warn("rlqs report rejected", "stream", ss.id, "domain", ss.domain, "error", err)
+				return err
+			}
+			if err := st.Send(resp); err != nil {
+				return err
+			}
 		}
 	}
+}
+
+// errClosing ends the streams of a server that is shutting down: Envoy
+// keeps its assignments until their TTL and reconnects, to another replica
+// behind a load balancer.
+var errClosing = status.Error(codes.Unavailable, "the RLQS server is shutting down; reconnect")
+
+// Close ends every open stream with Unavailable and refuses new ones, so
+// that a graceful stop of the gRPC server need not wait for streams that
+// never end on their own. The streams' shares are forgotten.
+func (s *Server) Close() {
+	s.closed.Do(func() { close(s.closing) })
 }
 
 // handle validates one report whole, then decides each of its buckets.

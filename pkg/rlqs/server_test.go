@@ -447,3 +447,34 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		t.Error("Smoothing -1: no error")
 	}
 }
+
+func TestCloseEndsStreams(t *testing.T) {
+	f := start(t, rlqs.Options{})
+	c := f.sim(t)
+	drive(t, f, []*rlqssim.Client{c}, []float64{10})
+	if f.srv.Streams() != 1 {
+		t.Fatalf("%d streams open, want 1", f.srv.Streams())
+	}
+	f.srv.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Err() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream did not end after Close")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if status.Code(c.Err()) != codes.Unavailable {
+		t.Fatalf("stream ended with %v, want Unavailable", c.Err())
+	}
+	// The simulated Envoy keeps its assignment until the TTL.
+	if c.Assignment(acmeBucket) == nil {
+		t.Fatal("assignment dropped when the stream ended, before its TTL")
+	}
+	st := f.rawStream(t)
+	if _, err := exchange(t, st, "quota", usage(1, 0, "a", "1")); status.Code(err) != codes.Unavailable {
+		t.Fatalf("new stream after Close: %v, want Unavailable", err)
+	}
+	if f.srv.Pools() != 0 || f.srv.Streams() != 0 {
+		t.Fatalf("after Close: %d pools, %d streams", f.srv.Pools(), f.srv.Streams())
+	}
+}
