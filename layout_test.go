@@ -30,6 +30,8 @@ var allowedDeps = map[string][]string{
 	"internal/xdstest":      {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
+	"pkg/rlqs":              {"pkg/config"},
+	"pkg/rlqs/rlqssim":      {},
 	"pkg/xds":               {"pkg/config"},
 	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
 	"pkg/metrics/refstats":  {"pkg/config", "pkg/metrics", "pkg/service"},

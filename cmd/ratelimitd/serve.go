@@ -28,6 +28,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/metrics"
 	"github.com/ratelimitd/ratelimitd/pkg/reload"
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
@@ -273,6 +274,14 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	gs := grpc.NewServer(grpcOpts...)
 	svc.RegisterGRPC(gs)
+	var quota *rlqs.Server // nil without -rlqs
+	if c.rlqs {
+		if quota, err = rlqs.New(rlqs.Options{Rules: svc.Rules, Now: be.now, Logger: log}); err != nil {
+			return err
+		}
+		quota.Register(gs)
+		log.Info("serving Envoy's Rate Limit Quota Service (RLQS) on the gRPC port; a limit is shared among this replica's streams only (docs/rlqs.md)")
+	}
 	app := svc.WrapHTTP(withMetrics(withRulesSource(svc.HTTPHandler(), c, fromXDS), reg))
 	hs := newHTTPServer(app, log)
 	hs.TLSConfig = httpTLS
@@ -337,6 +346,11 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
 	stopped := make(chan struct{})
+	if quota != nil {
+		// RLQS streams never end on their own: end them, so that the
+		// graceful stop waits only for calls in flight.
+		quota.Close()
+	}
 	go func() {
 		gs.GracefulStop()
 		close(stopped)

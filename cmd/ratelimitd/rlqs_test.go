@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
+)
+
+// TestServeRLQS: with -rlqs, a simulated Envoy gets its share of the rule
+// its bucket matches on the gRPC port, and shutdown ends its stream rather
+// than waiting out -shutdown-timeout for it.
+func TestServeRLQS(t *testing.T) {
+	p := startServe(t, true, "-config", "../../examples", "-rlqs", "-shutdown-timeout", "20s")
+	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c, err := rlqssim.New(conn, "posts", time.Second, rlqssim.WithManualReports())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	bucket := map[string]string{"user_id": "alice"}
+	c.Allow(bucket)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Report(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit(); got != 2 {
+		t.Fatalf("assignment %v, want 2 per second (posts_per_user, the only stream)", c.Assignment(bucket))
+	}
+	start := time.Now()
+	if code := p.stop(t); code != exitOK {
+		t.Fatalf("exit %d after shutdown, want 0", code)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("shutdown took %v with an RLQS stream open: it waited for the stream", d)
+	}
+	if status.Code(c.Err()) != codes.Unavailable {
+		t.Fatalf("stream ended with %v, want Unavailable", c.Err())
+	}
+}
+
+// TestServeWithoutRLQS: RLQS is off by default.
+func TestServeWithoutRLQS(t *testing.T) {
+	p := startServe(t, true, "-config", "../../examples")
+	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "posts"})
+	if _, err := st.Recv(); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("without -rlqs: %v, want Unimplemented", err)
+	}
+}

@@ -1,0 +1,40 @@
+// Package rlqs serves Envoy's Rate Limit Quota Service (RLQS):
+// envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas.
+//
+// Each Envoy decides requests itself from quota assignments and reports its
+// usage per bucket every reporting interval on one bidirectional stream. The
+// server answers every report with an assignment for each bucket reported.
+//
+// # Bucket matching
+//
+// A bucket id {k: v, …} reported on a stream of domain D is decided by the
+// rule that the descriptor of its entries sorted by key, [(k1,v1),(k2,v2),…],
+// matches in rule-file domain D ([config.Domain.Match]: exact values,
+// wildcards and key-only descriptors as for RLS). A bucket that matches no
+// rule, or a domain no rule file defines, gets [Options.Default]
+// (ALLOW_ALL unless configured). An unlimited or shadow-mode rule assigns
+// ALLOW_ALL; a limit of 0 assigns DENY_ALL.
+//
+// # Fairness policy (phase 1)
+//
+// The streams of one replica that report the same bucket of the same rule
+// share the rule's limit L (its most restrictive limit, as a count per Envoy
+// time unit U: see [unitFor]). Each stream s has a demand d_s: allowed plus
+// denied requests per second, an exponentially weighted average over its
+// reports. Its target is
+//
+//	floor(F·L / n) + floor((L − n·floor(F·L/n)) · d_s / Σd)
+//
+// with n the streams reporting the bucket and F = [Options.FloorFraction]
+// (default 0.1): a tenth of the limit is split evenly, so a new or idle
+// stream is never starved, and the rest follows demand (evenly when no
+// stream has any). A stream is assigned min(target, L − Σ assignments still
+// in force for the other streams), so the assignments in force on a replica
+// never sum to more than L, even while shares move: a stream whose share
+// grows takes what the others gave back at their own reports, within one or
+// two reporting intervals.
+//
+// Phase 1 shares a limit among the streams of one replica; the budget of
+// several replicas is not yet shared (that is phase 2, through the lease
+// engine). See docs/rlqs.md.
+package rlqs

@@ -1,0 +1,424 @@
+package rlqs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+)
+
+// Defaults of [Options].
+const (
+	DefaultReportingInterval = time.Second
+	DefaultAbandonAfter      = 3
+	DefaultMaxBuckets        = 1000
+	DefaultMaxStreamBuckets  = 10000
+	DefaultFloorFraction     = 0.1
+	DefaultSmoothing         = 0.5
+	maxDomainLen             = 255
+	// ledgerGrace is how long after an assignment's TTL the server still
+	// counts it against the limit: the TTL runs on the client from when it
+	// receives the assignment, a little after the server sent it.
+	ledgerGrace = time.Second
+)
+
+// Options configure a [Server]. Only Rules is required.
+type Options struct {
+	// Rules returns the rules in force; it is called once per report, so a
+	// reload applies from each stream's next report. Required.
+	Rules func() *config.Rules
+	// Default is the strategy assigned to a bucket that matches no rule, or
+	// whose stream's domain no rule file defines. Nil means ALLOW_ALL: RLQS
+	// limits only what the rules name, as RLS does.
+	Default *typev3.RateLimitStrategy
+	// ReportingInterval is the reporting interval assumed for a bucket until
+	// its reports' time_elapsed tell the real one (Envoy's filter config
+	// reporting_interval). Default 1s.
+	ReportingInterval time.Duration
+	// AssignmentTTL is the assignment_time_to_live of every assignment;
+	// 0 means twice the bucket's reporting interval, so one lost report
+	// does not expire an assignment and a silent client's does.
+	AssignmentTTL time.Duration
+	// AbandonAfter is how many reporting intervals a stream may leave a
+	// bucket out of its reports before the server sends abandon_action and
+	// forgets it. Default 3.
+	AbandonAfter int
+	// MaxBuckets bounds the buckets of one report (InvalidArgument above).
+	// Default 1000.
+	MaxBuckets int
+	// MaxStreamBuckets bounds the buckets one stream may hold at once
+	// (ResourceExhausted above), so a stream's memory is bounded.
+	// Default 10000.
+	MaxStreamBuckets int
+	// FloorFraction is the part of a limit split evenly among the streams
+	// sharing it, whatever their demand; the rest follows demand. Default
+	// 0.1; 1 splits the limit evenly.
+	FloorFraction float64
+	// Smoothing is the weight of the latest report in a stream's demand
+	// (an exponential average). Default 0.5: a shift of demand shows in
+	// the shares after one report and is mostly absorbed after two or three.
+	Smoothing float64
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Logger receives stream and rejection logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Server implements RateLimitQuotaService. Register it on a gRPC server
+// with [Server.Register]. It is safe for concurrent use.
+type Server struct {
+	rlqsv3.UnimplementedRateLimitQuotaServiceServer
+
+	opts    Options
+	allow   *typev3.RateLimitStrategy
+	deny    *typev3.RateLimitStrategy
+	mu      sync.Mutex
+	pools   map[poolKey]*pool
+	streams uint64 // the last stream id given
+	active  int    // streams open
+	closing chan struct{}
+	closed  sync.Once
+}
+
+// New returns a server deciding buckets with opts.
+func New(opts Options) (*Server, error) {
+	if opts.Rules == nil {
+		return nil, errors.New("rlqs: Options.Rules is required")
+	}
+	if opts.ReportingInterval <= 0 {
+		opts.ReportingInterval = DefaultReportingInterval
+	}
+	if opts.AbandonAfter <= 0 {
+		opts.AbandonAfter = DefaultAbandonAfter
+	}
+	if opts.MaxBuckets <= 0 {
+		opts.MaxBuckets = DefaultMaxBuckets
+	}
+	if opts.MaxStreamBuckets <= 0 {
+		opts.MaxStreamBuckets = DefaultMaxStreamBuckets
+	}
+	switch {
+	case opts.FloorFraction == 0:
+		opts.FloorFraction = DefaultFloorFraction
+	case opts.FloorFraction < 0 || opts.FloorFraction > 1:
+		return nil, fmt.Errorf("rlqs: Options.FloorFraction %v is outside [0, 1]", opts.FloorFraction)
+	}
+	switch {
+	case opts.Smoothing == 0:
+		opts.Smoothing = DefaultSmoothing
+	case opts.Smoothing < 0 || opts.Smoothing > 1:
+		return nil, fmt.Errorf("rlqs: Options.Smoothing %v is outside (0, 1]", opts.Smoothing)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{
+		opts:    opts,
+		allow:   blanket(typev3.RateLimitStrategy_ALLOW_ALL),
+		deny:    blanket(typev3.RateLimitStrategy_DENY_ALL),
+		pools:   make(map[poolKey]*pool),
+		closing: make(chan struct{}),
+	}
+	if opts.Default == nil {
+		s.opts.Default = s.allow
+	}
+	return s, nil
+}
+
+func blanket(r typev3.RateLimitStrategy_BlanketRule) *typev3.RateLimitStrategy {
+	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: r}}
+}
+
+// Register registers the service on gs.
+func (s *Server) Register(gs grpc.ServiceRegistrar) {
+	rlqsv3.RegisterRateLimitQuotaServiceServer(gs, s)
+}
+
+// stream is the state of one StreamRateLimitQuotas call. Only its own
+// goroutine touches domain; buckets is guarded by Server.mu.
+type stream struct {
+	id      uint64
+	domain  string
+	buckets map[string]*streamBucket
+}
+
+// streamBucket is one bucket a stream reports.
+type streamBucket struct {
+	desc     bucketDescriptor
+	key      string
+	id       *rlqsv3.BucketId
+	interval time.Duration // the stream's reporting interval for the bucket
+	last     time.Time     // its last report
+	pool     *pool         // nil when the bucket shares no limit
+	poolKey  poolKey
+}
+
+// StreamRateLimitQuotas answers each usage report with one response: an
+// assignment for every bucket reported, and abandon_action for the buckets
+// the stream stopped reporting.
+func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
+	select {
+	case <-s.closing:
+		return errClosing
+	default:
+	}
+	s.mu.Lock()
+	s.streams++
+	s.active++
+	ss := &stream{id: s.streams, buckets: make(map[string]*streamBucket)}
+	s.mu.Unlock()
+	defer s.leave(ss)
+
+	// Reports are received on a goroutine of their own so that Close can
+	// end the stream while it waits for one; it ends when the stream does.
+	reports := make(chan *rlqsv3.RateLimitQuotaUsageReports)
+	failed := make(chan error, 1)
+	go func() {
+		for {
+			rep, err := st.Recv()
+			if err != nil {
+				failed <- err
+				return
+			}
+			select {
+			case reports <- rep:
+			case <-st.Context().Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-s.closing:
+			return errClosing
+		case err := <-failed:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case rep := <-reports:
+			resp, err := s.handle(ss, rep)
+			if err != nil {
+				s.opts.Logger.Warn("rlqs report rejected", "stream", ss.id, "domain", ss.domain, "error", err)
+				return err
+			}
+			if err := st.Send(resp); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// errClosing ends the streams of a server that is shutting down: Envoy
+// keeps its assignments until their TTL and reconnects, to another replica
+// behind a load balancer.
+var errClosing = status.Error(codes.Unavailable, "the RLQS server is shutting down; reconnect")
+
+// Close ends every open stream with Unavailable and refuses new ones, so
+// that a graceful stop of the gRPC server need not wait for streams that
+// never end on their own. The streams' shares are forgotten.
+func (s *Server) Close() {
+	s.closed.Do(func() { close(s.closing) })
+}
+
+// handle validates one report whole, then decides each of its buckets.
+func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, error) {
+	switch d := rep.GetDomain(); {
+	case ss.domain == "" && d == "":
+		return nil, status.Error(codes.InvalidArgument, "the first report of a stream must name its domain")
+	case ss.domain == "" && len(d) > maxDomainLen:
+		return nil, status.Errorf(codes.InvalidArgument, "domain of %d bytes: at most %d are accepted", len(d), maxDomainLen)
+	case ss.domain == "":
+		ss.domain = d
+	case d != "" && d != ss.domain:
+		return nil, status.Errorf(codes.InvalidArgument, "report for domain %q on a stream of domain %q: a stream keeps the domain of its first report; open another stream", d, ss.domain)
+	}
+	usages := rep.GetBucketQuotaUsages()
+	if len(usages) > s.opts.MaxBuckets {
+		return nil, status.Errorf(codes.InvalidArgument, "report of %d buckets: at most %d are accepted", len(usages), s.opts.MaxBuckets)
+	}
+	descs := make([]bucketDescriptor, len(usages))
+	keys := make([]string, len(usages))
+	index := make(map[string]int, len(usages))
+	for i, u := range usages {
+		d, err := newBucketDescriptor(u.GetBucketId().GetBucket())
+		if err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: %v", i, err)
+		}
+		if te := u.GetTimeElapsed(); te != nil && (te.CheckValid() != nil || te.AsDuration() < 0) {
+			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: time_elapsed %v is not a duration of 0 or more", i, te)
+		}
+		descs[i], keys[i] = d, d.key()
+		if j, dup := index[keys[i]]; dup {
+			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: bucket_id %v repeats bucket_quota_usages[%d]; report each bucket once", i, d, j)
+		}
+		index[keys[i]] = i
+	}
+
+	var dom *config.Domain
+	if rules := s.opts.Rules(); rules != nil {
+		dom = rules.Domain(ss.domain)
+	}
+	now := s.opts.Now()
+	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(usages))}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	added := 0
+	for _, k := range keys {
+		if ss.buckets[k] == nil {
+			added++
+		}
+	}
+	if len(ss.buckets)+added > s.opts.MaxStreamBuckets {
+		return nil, status.Errorf(codes.ResourceExhausted, "the stream would hold %d buckets: at most %d are accepted per stream", len(ss.buckets)+added, s.opts.MaxStreamBuckets)
+	}
+	for i, u := range usages {
+		b := ss.buckets[keys[i]]
+		first := b == nil
+		if first {
+			b = &streamBucket{desc: descs[i], key: keys[i], id: &rlqsv3.BucketId{Bucket: u.GetBucketId().GetBucket()}, interval: s.opts.ReportingInterval}
+			ss.buckets[keys[i]] = b
+		}
+		// Envoy's first report of a bucket comes as soon as the bucket is
+		// created, so its time_elapsed is not an interval: its count is
+		// spread over the assumed interval instead.
+		elapsed := u.GetTimeElapsed().AsDuration()
+		switch {
+		case first:
+			elapsed = b.interval
+		case elapsed > 0:
+			b.interval = elapsed
+		default:
+			elapsed = now.Sub(b.last)
+		}
+		elapsed = max(elapsed, time.Millisecond)
+		rate := float64(u.GetNumRequestsAllowed()+u.GetNumRequestsDenied()) / elapsed.Seconds()
+		b.last = now
+
+		var r *config.Rule
+		if dom != nil {
+			r = dom.Match(b.desc)
+		}
+		ttl := s.opts.AssignmentTTL
+		if ttl <= 0 {
+			ttl = 2 * b.interval
+		}
+		resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{
+			BucketId: b.id,
+			BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+				QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+					AssignmentTimeToLive: durationpb.New(ttl),
+					RateLimitStrategy:    s.decide(ss, b, r, rate, now, ttl),
+				},
+			},
+		})
+	}
+	// Buckets the stream stopped reporting are abandoned.
+	for k, b := range ss.buckets {
+		if now.Sub(b.last) > time.Duration(s.opts.AbandonAfter)*b.interval {
+			resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{
+				BucketId:     b.id,
+				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
+			})
+			s.detach(ss, b)
+			delete(ss.buckets, k)
+		}
+	}
+	return resp, nil
+}
+
+// decide returns bucket b's strategy under rule r (nil: no rule), given the
+// rate its latest report showed. Called with s.mu held.
+func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float64, now time.Time, ttl time.Duration) *typev3.RateLimitStrategy {
+	switch {
+	case r == nil || (!r.Unlimited && len(r.Limits) == 0):
+		// No rule, or a concurrency limit alone, which RLQS cannot express.
+		s.detach(ss, b)
+		return s.opts.Default
+	case r.Unlimited || r.ShadowMode:
+		s.detach(ss, b)
+		return s.allow
+	}
+	unit, limit := unitFor(r)
+	if limit == 0 {
+		s.detach(ss, b)
+		return s.deny
+	}
+	pk := poolKey{domain: ss.domain, rule: r.ID, bucket: b.key}
+	if b.pool != nil && b.poolKey != pk {
+		s.detach(ss, b) // the rules were reloaded and the bucket moved
+	}
+	if b.pool == nil {
+		p := s.pools[pk]
+		if p == nil {
+			p = &pool{members: make(map[uint64]*member)}
+			s.pools[pk] = p
+		}
+		p.members[ss.id] = &member{}
+		b.pool, b.poolKey = p, pk
+	}
+	p := b.pool
+	p.unit, p.limit = unit, limit // a reload may have changed the limit
+	m := p.members[ss.id]
+	m.stale = time.Duration(s.opts.AbandonAfter) * b.interval
+	m.observe(rate, s.opts.Smoothing, now)
+	a := p.assign(ss.id, s.opts.FloorFraction, now, now.Add(ttl+ledgerGrace))
+	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_RequestsPerTimeUnit_{
+		RequestsPerTimeUnit: &typev3.RateLimitStrategy_RequestsPerTimeUnit{RequestsPerTimeUnit: a, TimeUnit: unit},
+	}}
+}
+
+// detach takes bucket b of stream ss out of its pool: its assignment no
+// longer counts against the limit. Called with s.mu held.
+func (s *Server) detach(ss *stream, b *streamBucket) {
+	if b.pool == nil {
+		return
+	}
+	delete(b.pool.members, ss.id)
+	if len(b.pool.members) == 0 {
+		delete(s.pools, b.poolKey)
+	}
+	b.pool = nil
+}
+
+// leave forgets a stream that ended: its shares go to the streams that
+// remain, at their next reports.
+func (s *Server) leave(ss *stream) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range ss.buckets {
+		s.detach(ss, b)
+	}
+	ss.buckets = nil
+	s.active--
+	s.opts.Logger.Debug("rlqs stream ended", "stream", ss.id, "domain", ss.domain)
+}
+
+// Streams returns how many streams are open.
+func (s *Server) Streams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active
+}
+
+// Pools returns how many bucket limits are shared by streams at the moment.
+func (s *Server) Pools() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pools)
+}

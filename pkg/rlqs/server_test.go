@@ -1,0 +1,480 @@
+package rlqs_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
+)
+
+// rulesYAML is the rule file of the tests. Bucket ids are matched with their
+// entries sorted by key, so {route: ..., name: acme} is [(name, acme),
+// (route, ...)].
+const rulesYAML = `domain: quota
+descriptors:
+  - key: name
+    value: acme
+    descriptors:
+      - key: route
+        rate_limit: {requests_per_unit: 100, unit: second}
+  - key: name
+    value: "big*"
+    rate_limit: {requests_per_unit: 60, unit: minute}
+  - key: unlimited
+    rate_limit: {unlimited: true}
+  - key: closed
+    rate_limit: {requests_per_unit: 0, unit: second}
+  - key: shadow
+    rate_limit: {requests_per_unit: 5, unit: second}
+    shadow_mode: true
+`
+
+// clock is a fake clock the tests advance.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+type fixture struct {
+	srv   *rlqs.Server
+	conn  *grpc.ClientConn
+	clock *clock
+}
+
+func start(t *testing.T, opts rlqs.Options) *fixture {
+	t.Helper()
+	if opts.Rules == nil {
+		rules, err := config.Parse(config.File{Name: "quota.yaml", Data: []byte(rulesYAML)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Rules = func() *config.Rules { return rules }
+	}
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	opts.Now = clk.Now
+	opts.Logger = slog.New(slog.DiscardHandler)
+	srv, err := rlqs.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer()
+	srv.Register(gs)
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &fixture{srv: srv, conn: conn, clock: clk}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// rawStream opens a stream the test writes reports on itself.
+func (f *fixture) rawStream(t *testing.T) grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse] {
+	t.Helper()
+	st, err := rlqsv3.NewRateLimitQuotaServiceClient(f.conn).StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func usage(allowed, denied uint64, kv ...string) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		BucketId: &rlqsv3.BucketId{Bucket: m}, TimeElapsed: durationpb.New(time.Second),
+		NumRequestsAllowed: allowed, NumRequestsDenied: denied,
+	}
+}
+
+// exchange sends one report and returns the response, or the stream's error.
+func exchange(t *testing.T, st grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse], domain string, us ...*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) (*rlqsv3.RateLimitQuotaResponse, error) {
+	t.Helper()
+	if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: domain, BucketQuotaUsages: us}); err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
+	return st.Recv()
+}
+
+// describe renders a strategy compactly: "ALLOW_ALL", "DENY_ALL", "100/SECOND".
+func describe(s *typev3.RateLimitStrategy) string {
+	switch v := s.GetStrategy().(type) {
+	case *typev3.RateLimitStrategy_BlanketRule_:
+		return v.BlanketRule.String()
+	case *typev3.RateLimitStrategy_RequestsPerTimeUnit_:
+		return strings.Join([]string{itoa(v.RequestsPerTimeUnit.RequestsPerTimeUnit), v.RequestsPerTimeUnit.TimeUnit.String()}, "/")
+	case nil:
+		return "none"
+	}
+	return s.String()
+}
+
+func itoa(n uint64) string {
+	if n == 0 {
+		return "0"
+	}
+	var b []byte
+	for ; n > 0; n /= 10 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+	}
+	return string(b)
+}
+
+func TestBucketMatching(t *testing.T) {
+	cases := []struct {
+		name   string
+		domain string
+		bucket []string
+		want   string
+	}{
+		{"entries sorted by key", "quota", []string{"route", "/pay", "name", "acme"}, "100/SECOND"},
+		{"wildcard", "quota", []string{"name", "bigcorp"}, "60/MINUTE"},
+		{"too few entries for the rule", "quota", []string{"name", "acme"}, "DEFAULT"},
+		{"no rule", "quota", []string{"other", "x"}, "DEFAULT"},
+		{"unknown domain", "nowhere", []string{"name", "bigcorp"}, "DEFAULT"},
+		{"unlimited", "quota", []string{"unlimited", "x"}, "ALLOW_ALL"},
+		{"limit 0", "quota", []string{"closed", "x"}, "DENY_ALL"},
+		{"shadow mode never refuses", "quota", []string{"shadow", "x"}, "ALLOW_ALL"},
+	}
+	for _, def := range []*typev3.RateLimitStrategy{nil, {Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_DENY_ALL}}} {
+		f := start(t, rlqs.Options{Default: def})
+		wantDefault := "ALLOW_ALL"
+		if def != nil {
+			wantDefault = "DENY_ALL"
+		}
+		for _, c := range cases {
+			t.Run(wantDefault+"/"+c.name, func(t *testing.T) {
+				st := f.rawStream(t)
+				resp, err := exchange(t, st, c.domain, usage(1, 0, c.bucket...))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(resp.BucketAction) != 1 {
+					t.Fatalf("%d actions, want 1: %v", len(resp.BucketAction), resp)
+				}
+				a := resp.BucketAction[0]
+				want := c.want
+				if want == "DEFAULT" {
+					want = wantDefault
+				}
+				if got := describe(a.GetQuotaAssignmentAction().GetRateLimitStrategy()); got != want {
+					t.Errorf("strategy %s, want %s", got, want)
+				}
+				if ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); ttl != 2*time.Second {
+					t.Errorf("ttl %v, want 2s (twice the interval)", ttl)
+				}
+				if len(a.GetBucketId().GetBucket()) != len(c.bucket)/2 {
+					t.Errorf("bucket id %v not echoed", a.GetBucketId())
+				}
+				st.CloseSend()
+			})
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	f := start(t, rlqs.Options{MaxBuckets: 2})
+	many := make([]string, 0, 34)
+	for i := range 17 {
+		many = append(many, "k"+itoa(uint64(i)), "v")
+	}
+	cases := []struct {
+		name    string
+		reports [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage
+		domains []string
+		code    codes.Code
+		msg     string
+	}{
+		{"no domain", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0, "name", "acme")}}, []string{""}, codes.InvalidArgument, "must name its domain"},
+		{"empty bucket id", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0)}}, []string{"quota"}, codes.InvalidArgument, "bucket_id is empty"},
+		{"nil bucket id", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{{NumRequestsAllowed: 1}}}, []string{"quota"}, codes.InvalidArgument, "bucket_id is empty"},
+		{"too many entries", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0, many...)}}, []string{"quota"}, codes.InvalidArgument, "at most 16"},
+		{"too many buckets", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0, "a", "1"), usage(1, 0, "a", "2"), usage(1, 0, "a", "3")}}, []string{"quota"}, codes.InvalidArgument, "report of 3 buckets: at most 2"},
+		{"bucket repeated", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0, "a", "1", "b", "2"), usage(1, 0, "b", "2", "a", "1")}}, []string{"quota"}, codes.InvalidArgument, "repeats bucket_quota_usages[0]"},
+		{"domain changed", [][]*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{usage(1, 0, "a", "1")}, {usage(1, 0, "a", "1")}}, []string{"quota", "other"}, codes.InvalidArgument, "keeps the domain of its first report"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			st := f.rawStream(t)
+			var err error
+			for i, r := range c.reports {
+				if _, err = exchange(t, st, c.domains[i], r...); err != nil {
+					break
+				}
+			}
+			if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), c.msg) {
+				t.Fatalf("error %v, want %v containing %q", err, c.code, c.msg)
+			}
+		})
+	}
+	// The same domain repeated, or left out after the first report, is fine.
+	st := f.rawStream(t)
+	for _, d := range []string{"quota", "quota", ""} {
+		if _, err := exchange(t, st, d, usage(1, 0, "a", "1")); err != nil {
+			t.Fatalf("domain %q: %v", d, err)
+		}
+	}
+}
+
+func TestStreamBucketBound(t *testing.T) {
+	f := start(t, rlqs.Options{MaxBuckets: 2, MaxStreamBuckets: 3})
+	st := f.rawStream(t)
+	if _, err := exchange(t, st, "quota", usage(1, 0, "a", "1"), usage(1, 0, "a", "2")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := exchange(t, st, "", usage(1, 0, "a", "3"), usage(1, 0, "a", "4"))
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("error %v, want ResourceExhausted", err)
+	}
+}
+
+func TestAbandonAfterMissedReports(t *testing.T) {
+	f := start(t, rlqs.Options{})
+	st := f.rawStream(t)
+	acme := []string{"name", "acme", "route", "/"}
+	resp, err := exchange(t, st, "quota", usage(1, 0, acme...), usage(1, 0, "name", "bigcorp"))
+	if err != nil || len(resp.BucketAction) != 2 {
+		t.Fatal(resp, err)
+	}
+	// bigcorp is no longer reported: after 3 intervals it is abandoned, once.
+	for i := 1; i <= 5; i++ {
+		f.clock.Advance(time.Second)
+		resp, err := exchange(t, st, "", usage(1, 0, acme...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var abandoned []string
+		for _, a := range resp.BucketAction {
+			if a.GetAbandonAction() != nil {
+				abandoned = append(abandoned, a.GetBucketId().GetBucket()["name"])
+			}
+		}
+		want := 0
+		if i == 4 {
+			want = 1
+		}
+		if len(abandoned) != want || (want == 1 && abandoned[0] != "bigcorp") {
+			t.Errorf("after %ds: abandoned %v, want %d (bigcorp at 4s)", i, abandoned, want)
+		}
+	}
+}
+
+// sim opens a simulated Envoy driven by the fixture's clock.
+func (f *fixture) sim(t *testing.T) *rlqssim.Client {
+	t.Helper()
+	c, err := rlqssim.New(f.conn, "quota", time.Second, rlqssim.WithClock(f.clock.Now), rlqssim.WithManualReports(), rlqssim.WithNoAssignment(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+var acmeBucket = map[string]string{"name": "acme", "route": "/pay"} // 100 per second
+
+func share(c *rlqssim.Client) uint64 {
+	return c.Assignment(acmeBucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit()
+}
+
+// drive runs one reporting interval of simulated time in 10 ms steps, each
+// client offering rates[i] requests per second, then has every client
+// report. It returns the requests admitted per client.
+func drive(t *testing.T, f *fixture, clients []*rlqssim.Client, rates []float64) []int {
+	t.Helper()
+	admitted := make([]int, len(clients))
+	owed := make([]float64, len(clients))
+	for range 100 {
+		f.clock.Advance(10 * time.Millisecond)
+		for i, c := range clients {
+			owed[i] += rates[i] / 100
+			for ; owed[i] >= 1; owed[i]-- {
+				if c.Allow(acmeBucket) {
+					admitted[i]++
+				}
+			}
+		}
+	}
+	for _, c := range clients {
+		if err := c.Report(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return admitted
+}
+
+func TestSharesFollowDemand(t *testing.T) {
+	f := start(t, rlqs.Options{})
+	a, b := f.sim(t), f.sim(t)
+	clients := []*rlqssim.Client{a, b}
+	check := func(round int) {
+		if sa, sb := share(a), share(b); sa+sb > 100 {
+			t.Fatalf("round %d: shares %d + %d exceed the limit 100", round, sa, sb)
+		}
+	}
+	for round := range 6 {
+		drive(t, f, clients, []float64{160, 40})
+		check(round)
+	}
+	if sa, sb := share(a), share(b); sa < 3*sb || sa+sb < 95 {
+		t.Fatalf("demand 160:40 got shares %d:%d, want about 4:1 summing to about 100", sa, sb)
+	}
+	for round := range 6 {
+		drive(t, f, clients, []float64{40, 160})
+		check(round)
+	}
+	if sa, sb := share(a), share(b); sb < 3*sa || sa+sb < 95 {
+		t.Fatalf("demand 40:160 got shares %d:%d, want about 1:4 summing to about 100", sa, sb)
+	}
+	// Idle: the floor keeps a share for the idle stream, the rest goes to
+	// the busy one.
+	for range 6 {
+		drive(t, f, clients, []float64{0, 160})
+	}
+	if sa, sb := share(a), share(b); sa != 5 || sb < 94 {
+		t.Fatalf("demand 0:160 got shares %d:%d, want 5:94 or 5:95 (the floor, 10%% split evenly; the rest to demand)", sa, sb)
+	}
+}
+
+func TestDisconnectReassignedWithinTwoIntervals(t *testing.T) {
+	f := start(t, rlqs.Options{})
+	a, b := f.sim(t), f.sim(t)
+	for range 3 {
+		drive(t, f, []*rlqssim.Client{a, b}, []float64{100, 100})
+	}
+	if sa := share(a); sa < 45 || sa > 55 {
+		t.Fatalf("equal demand: share %d, want about 50", sa)
+	}
+	b.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.srv.Streams() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the server did not see the stream end")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for i := 1; i <= 2; i++ {
+		drive(t, f, []*rlqssim.Client{a}, []float64{100})
+		if share(a) == 100 {
+			return
+		}
+	}
+	t.Fatalf("two intervals after the other stream ended: share %d, want 100", share(a))
+}
+
+// TestAdmittedWithinLimit runs three simulated Envoys for 30 simulated
+// seconds with demand that shifts, and sums what they admit: at most the
+// limit's L·T plus L (every limiter starts full once), and most of it.
+func TestAdmittedWithinLimit(t *testing.T) {
+	f := start(t, rlqs.Options{})
+	clients := []*rlqssim.Client{f.sim(t), f.sim(t), f.sim(t)}
+	const seconds, limit = 30, 100
+	total := 0
+	for s := range seconds {
+		rates := []float64{150, 50, 0}
+		if (s/5)%2 == 1 {
+			rates[2] = 200
+		}
+		for _, n := range drive(t, f, clients, rates) {
+			total += n
+		}
+		var sum uint64
+		for _, c := range clients {
+			sum += c.Assignment(acmeBucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit()
+		}
+		if sum > limit {
+			t.Fatalf("second %d: assignments sum to %d, over the limit %d", s, sum, limit)
+		}
+	}
+	if bound := limit*seconds + limit; total > bound {
+		t.Fatalf("admitted %d in %ds, over the bound %d (L·T + L)", total, seconds, bound)
+	}
+	if total < limit*seconds*8/10 {
+		t.Fatalf("admitted %d in %ds: less than 80%% of the limit while demand exceeds it", total, seconds)
+	}
+	t.Logf("admitted %d in %d s (limit %d/s, bound %d)", total, seconds, limit, limit*seconds+limit)
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	if _, err := rlqs.New(rlqs.Options{}); err == nil {
+		t.Error("no Rules: no error")
+	}
+	rules := func() *config.Rules { return nil }
+	if _, err := rlqs.New(rlqs.Options{Rules: rules, FloorFraction: 2}); err == nil {
+		t.Error("FloorFraction 2: no error")
+	}
+	if _, err := rlqs.New(rlqs.Options{Rules: rules, Smoothing: -1}); err == nil {
+		t.Error("Smoothing -1: no error")
+	}
+}
+
+func TestCloseEndsStreams(t *testing.T) {
+	f := start(t, rlqs.Options{})
+	c := f.sim(t)
+	drive(t, f, []*rlqssim.Client{c}, []float64{10})
+	if f.srv.Streams() != 1 {
+		t.Fatalf("%d streams open, want 1", f.srv.Streams())
+	}
+	f.srv.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Err() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream did not end after Close")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if status.Code(c.Err()) != codes.Unavailable {
+		t.Fatalf("stream ended with %v, want Unavailable", c.Err())
+	}
+	// The simulated Envoy keeps its assignment until the TTL.
+	if c.Assignment(acmeBucket) == nil {
+		t.Fatal("assignment dropped when the stream ended, before its TTL")
+	}
+	st := f.rawStream(t)
+	if _, err := exchange(t, st, "quota", usage(1, 0, "a", "1")); status.Code(err) != codes.Unavailable {
+		t.Fatalf("new stream after Close: %v, want Unavailable", err)
+	}
+	if f.srv.Pools() != 0 || f.srv.Streams() != 0 {
+		t.Fatalf("after Close: %d pools, %d streams", f.srv.Pools(), f.srv.Streams())
+	}
+}
