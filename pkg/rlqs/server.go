@@ -1,10 +1,12 @@
 package rlqs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -15,7 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/key"
 )
 
 // Defaults of [Options].
@@ -26,6 +30,7 @@ const (
 	DefaultMaxStreamBuckets  = 10000
 	DefaultFloorFraction     = 0.1
 	DefaultSmoothing         = 0.5
+	DefaultBudgetTimeout     = time.Second
 	maxDomainLen             = 255
 	// ledgerGrace is how long after an assignment's TTL the server still
 	// counts it against the limit: the TTL runs on the client from when it
@@ -69,6 +74,17 @@ type Options struct {
 	// (an exponential average). Default 0.5: a shift of demand shows in
 	// the shares after one report and is mostly absorbed after two or three.
 	Smoothing float64
+	// Budget, when set, is the store that holds every pooled limit's
+	// budget across the replicas sharing it (the backend chain of
+	// ratelimitd: the lease engine in front of Redis, or the memory
+	// backend). Each assignment is then backed by a lease of as many hits
+	// taken from it, so that the assignments in force on all replicas sum
+	// to at most the limit; targets follow the demand of every replica's
+	// streams. Nil shares a limit among this replica's streams only
+	// (phase 1). See docs/rlqs.md.
+	Budget algo.Backend
+	// BudgetTimeout bounds each call to Budget. Default 1s.
+	BudgetTimeout time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Logger receives stream and rejection logs; default slog.Default().
@@ -119,6 +135,9 @@ func New(opts Options) (*Server, error) {
 		opts.Smoothing = DefaultSmoothing
 	case opts.Smoothing < 0 || opts.Smoothing > 1:
 		return nil, fmt.Errorf("rlqs: Options.Smoothing %v is outside (0, 1]", opts.Smoothing)
+	}
+	if opts.BudgetTimeout <= 0 {
+		opts.BudgetTimeout = DefaultBudgetTimeout
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -277,7 +296,6 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(usages))}
 
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	added := 0
 	for _, k := range keys {
 		if ss.buckets[k] == nil {
@@ -285,8 +303,11 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		}
 	}
 	if len(ss.buckets)+added > s.opts.MaxStreamBuckets {
+		s.mu.Unlock()
 		return nil, status.Errorf(codes.ResourceExhausted, "the stream would hold %d buckets: at most %d are accepted per stream", len(ss.buckets)+added, s.opts.MaxStreamBuckets)
 	}
+	var batch []algo.Request // with a Budget: gives, then takes and announcements
+	var pend []pending
 	for i, u := range usages {
 		b := ss.buckets[keys[i]]
 		first := b == nil
@@ -318,14 +339,11 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		if ttl <= 0 {
 			ttl = 2 * b.interval
 		}
+		qa := &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{AssignmentTimeToLive: durationpb.New(ttl)}
+		qa.RateLimitStrategy = s.decide(ss, b, r, rate, now, ttl, qa, &batch, &pend)
 		resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{
-			BucketId: b.id,
-			BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
-				QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-					AssignmentTimeToLive: durationpb.New(ttl),
-					RateLimitStrategy:    s.decide(ss, b, r, rate, now, ttl),
-				},
-			},
+			BucketId:     b.id,
+			BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: qa},
 		})
 	}
 	// Buckets the stream stopped reporting are abandoned.
@@ -335,33 +353,83 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 				BucketId:     b.id,
 				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
 			})
-			s.detach(ss, b)
+			s.detach(ss, b, now, &batch)
 			delete(ss.buckets, k)
 		}
+	}
+	s.mu.Unlock()
+	if len(batch) > 0 {
+		s.settle(batch, pend)
 	}
 	return resp, nil
 }
 
+// settle sends one report's budget batch to the store and fills in the
+// assignments waiting for it: each is what its take got. When the store
+// fails, each is the phase 1 assignment (this replica's streams share the
+// limit among themselves), and the failure is logged.
+func (s *Server) settle(batch []algo.Request, pend []pending) {
+	out := make([]algo.Decision, len(batch))
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.BudgetTimeout)
+	sent := s.opts.Now()
+	err := s.opts.Budget.Decide(ctx, batch, out)
+	cancel()
+	if err != nil {
+		s.opts.Logger.Warn("rlqs budget store failed: assigning this replica's share of the limits alone until it answers", "error", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range pend {
+		a := p.local
+		p.m.leases = [3]*lease{}
+		if err == nil {
+			a = out[p.take].Taken
+			keys := [3][]byte{p.key, p.akeys[0], p.akeys[1]}
+			for i := range p.m.leases {
+				if d := out[p.take+i]; d.Taken > 0 {
+					l := p.limit
+					if i > 0 {
+						l = announceLimit()
+					}
+					p.m.leases[i] = &lease{key: keys[i], limit: l, hits: d.Taken, mark: d.Mark, end: sent.Add(d.Valid)}
+				}
+			}
+			p.m.gDemand, p.m.gCount = estimate(out[p.take+1], out[p.take+2], p.ival)
+		}
+		p.m.assigned = a
+		p.qa.RateLimitStrategy = requestsPer(a, p.unit)
+	}
+}
+
+func requestsPer(a uint64, unit typev3.RateLimitUnit) *typev3.RateLimitStrategy {
+	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_RequestsPerTimeUnit_{
+		RequestsPerTimeUnit: &typev3.RateLimitStrategy_RequestsPerTimeUnit{RequestsPerTimeUnit: a, TimeUnit: unit},
+	}}
+}
+
 // decide returns bucket b's strategy under rule r (nil: no rule), given the
-// rate its latest report showed. Called with s.mu held.
-func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float64, now time.Time, ttl time.Duration) *typev3.RateLimitStrategy {
+// rate its latest report showed. With a Budget, a pooled bucket's strategy
+// is left nil and the requests it needs are appended to batch, with a
+// pending entry that settle completes. Called with s.mu held.
+func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float64, now time.Time, ttl time.Duration,
+	qa *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction, batch *[]algo.Request, pend *[]pending) *typev3.RateLimitStrategy {
 	switch {
 	case r == nil || (!r.Unlimited && len(r.Limits) == 0):
 		// No rule, or a concurrency limit alone, which RLQS cannot express.
-		s.detach(ss, b)
+		s.detach(ss, b, now, batch)
 		return s.opts.Default
 	case r.Unlimited || r.ShadowMode:
-		s.detach(ss, b)
+		s.detach(ss, b, now, batch)
 		return s.allow
 	}
 	unit, limit := unitFor(r)
 	if limit == 0 {
-		s.detach(ss, b)
+		s.detach(ss, b, now, batch)
 		return s.deny
 	}
 	pk := poolKey{domain: ss.domain, rule: r.ID, bucket: b.key}
 	if b.pool != nil && b.poolKey != pk {
-		s.detach(ss, b) // the rules were reloaded and the bucket moved
+		s.detach(ss, b, now, batch) // the rules were reloaded and the bucket moved
 	}
 	if b.pool == nil {
 		p := s.pools[pk]
@@ -377,17 +445,40 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 	m := p.members[ss.id]
 	m.stale = time.Duration(s.opts.AbandonAfter) * b.interval
 	m.observe(rate, s.opts.Smoothing, now)
-	a := p.assign(ss.id, s.opts.FloorFraction, now, now.Add(ttl+ledgerGrace))
-	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_RequestsPerTimeUnit_{
-		RequestsPerTimeUnit: &typev3.RateLimitStrategy_RequestsPerTimeUnit{RequestsPerTimeUnit: a, TimeUnit: unit},
-	}}
+	until := now.Add(ttl + ledgerGrace)
+	if s.opts.Budget == nil {
+		return requestsPer(p.assign(ss.id, s.opts.FloorFraction, now, until), unit)
+	}
+	// The phase 1 assignment is recorded now so that the local ledger
+	// stays right if the store fails; settle replaces it.
+	local := p.assign(ss.id, s.opts.FloorFraction, now, until)
+	target := p.target(ss.id, s.opts.FloorFraction, now, m.gCount, m.gDemand)
+	// The previous leases go back in the same atomic call, before the
+	// takes: a stream re-takes what it held, plus what is free.
+	s.giveBack(m, now, batch)
+	prefix := poolKeyPrefix(ss.domain, r.ID, b.desc)
+	bl, al := budgetLimit(limit), announceLimit()
+	pe := pending{m: m, qa: qa, unit: unit, take: len(*batch), target: target, local: local,
+		key: withLimit(prefix, bl), limit: bl, ttl: ttl + ledgerGrace, ival: b.interval,
+		akeys: [2][]byte{withLimit(key.AppendEntry(prefix, "demand", ""), al), withLimit(key.AppendEntry(prefix, "streams", ""), al)}}
+	perInterval := uint64(math.Ceil(m.demand * b.interval.Seconds()))
+	take := func(k []byte, l algo.Limit, n uint64) algo.Request {
+		return algo.Request{Key: k, Limit: l, Op: algo.OpTake, Lease: algo.Lease{Max: n, Share: 1, TTL: pe.ttl}}
+	}
+	*batch = append(*batch, take(pe.key, bl, target), take(pe.akeys[0], al, perInterval), take(pe.akeys[1], al, 1))
+	*pend = append(*pend, pe)
+	return nil
 }
 
 // detach takes bucket b of stream ss out of its pool: its assignment no
-// longer counts against the limit. Called with s.mu held.
-func (s *Server) detach(ss *stream, b *streamBucket) {
+// longer counts against the limit, and its lease, if any, is appended to
+// gives to be given back. Called with s.mu held.
+func (s *Server) detach(ss *stream, b *streamBucket, now time.Time, gives *[]algo.Request) {
 	if b.pool == nil {
 		return
+	}
+	if m := b.pool.members[ss.id]; m != nil {
+		s.giveBack(m, now, gives)
 	}
 	delete(b.pool.members, ss.id)
 	if len(b.pool.members) == 0 {
@@ -396,17 +487,37 @@ func (s *Server) detach(ss *stream, b *streamBucket) {
 	b.pool = nil
 }
 
+// giveBack appends to gives the gives of m's leases still running, and
+// forgets them. Called with s.mu held.
+func (s *Server) giveBack(m *member, now time.Time, gives *[]algo.Request) {
+	for i, l := range m.leases {
+		if g, ok := l.give(now); ok {
+			*gives = append(*gives, g)
+		}
+		m.leases[i] = nil
+	}
+}
+
 // leave forgets a stream that ended: its shares go to the streams that
-// remain, at their next reports.
+// remain, at their next reports, and its leases go back to the store.
 func (s *Server) leave(ss *stream) {
+	var gives []algo.Request
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	now := s.opts.Now()
 	for _, b := range ss.buckets {
-		s.detach(ss, b)
+		s.detach(ss, b, now, &gives)
 	}
 	ss.buckets = nil
 	s.active--
+	s.mu.Unlock()
 	s.opts.Logger.Debug("rlqs stream ended", "stream", ss.id, "domain", ss.domain)
+	if len(gives) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.BudgetTimeout)
+		defer cancel()
+		if err := s.opts.Budget.Decide(ctx, gives, make([]algo.Decision, len(gives))); err != nil {
+			s.opts.Logger.Warn("rlqs budget not given back: it returns when its leases end", "stream", ss.id, "error", err)
+		}
+	}
 }
 
 // Streams returns how many streams are open.

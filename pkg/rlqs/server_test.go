@@ -72,6 +72,12 @@ type fixture struct {
 
 func start(t *testing.T, opts rlqs.Options) *fixture {
 	t.Helper()
+	return startOn(t, opts, &clock{t: time.Unix(1_700_000_000, 0)})
+}
+
+// startOn starts a server on clock clk, which several fixtures may share.
+func startOn(t *testing.T, opts rlqs.Options, clk *clock) *fixture {
+	t.Helper()
 	if opts.Rules == nil {
 		rules, err := config.Parse(config.File{Name: "quota.yaml", Data: []byte(rulesYAML)})
 		if err != nil {
@@ -79,7 +85,6 @@ func start(t *testing.T, opts rlqs.Options) *fixture {
 		}
 		opts.Rules = func() *config.Rules { return rules }
 	}
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	opts.Now = clk.Now
 	opts.Logger = slog.New(slog.DiscardHandler)
 	srv, err := rlqs.New(opts)

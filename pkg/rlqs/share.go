@@ -70,6 +70,12 @@ type member struct {
 	stale    time.Duration // after last+stale the member's demand no longer counts
 	assigned uint64        // the assignment last sent, per unit
 	until    time.Time     // when the client stops applying it (at the latest)
+	// With a Budget: the leases of the assignment and of the two
+	// announcements (demand, streams), and the pool's demand (requests per
+	// second) and streams across all replicas as the last announcements
+	// showed (0 before the first).
+	leases          [3]*lease
+	gDemand, gCount float64
 }
 
 // observe folds one report's rate into the member's demand: an exponential
@@ -88,19 +94,40 @@ func (m *member) observe(rate, alpha float64, now time.Time) {
 // limit until until, whatever the other members are assigned meanwhile, so
 // the assignments in force never sum to more than the limit.
 func (p *pool) assign(id uint64, floorFraction float64, now, until time.Time) uint64 {
+	target := p.target(id, floorFraction, now, 0, 0)
+	var others uint64
+	for mid, m := range p.members {
+		if mid != id && now.Before(m.until) {
+			others += m.assigned
+		}
+	}
+	me := p.members[id]
+	var free uint64
+	if others < p.limit {
+		free = p.limit - others
+	}
+	a := min(target, free)
+	me.assigned, me.until = a, until
+	return a
+}
+
+// target returns member id's share of the limit at now: the floor split
+// evenly among the streams, the rest in proportion to demand. Streams and
+// demand are this pool's members', or at least gCount streams and gDemand
+// requests per second when the streams of all replicas are counted
+// (phase 2: see budget.go).
+func (p *pool) target(id uint64, floorFraction float64, now time.Time, gCount, gDemand float64) uint64 {
 	me := p.members[id]
 	var n uint64
 	var total float64
-	var others uint64
 	for mid, m := range p.members {
 		if mid == id || now.Sub(m.last) <= m.stale {
 			n++
 			total += m.demand
 		}
-		if mid != id && now.Before(m.until) {
-			others += m.assigned
-		}
 	}
+	n = max(n, uint64(gCount))
+	total = max(total, gDemand)
 	floorEach := uint64(floorFraction*float64(p.limit)) / n
 	rest := p.limit - floorEach*n
 	target := floorEach
@@ -109,11 +136,5 @@ func (p *pool) assign(id uint64, floorFraction float64, now, until time.Time) ui
 	} else {
 		target += rest / n
 	}
-	var free uint64
-	if others < p.limit {
-		free = p.limit - others
-	}
-	a := min(target, free)
-	me.assigned, me.until = a, until
-	return a
+	return target
 }
