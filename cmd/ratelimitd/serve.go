@@ -276,11 +276,11 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	svc.RegisterGRPC(gs)
 	var quota *rlqs.Server // nil without -rlqs
 	if c.rlqs {
-		if quota, err = rlqs.New(rlqs.Options{Rules: svc.Rules, Now: be.now, Logger: log}); err != nil {
+		if quota, err = rlqs.New(rlqs.Options{Rules: svc.Rules, Budget: be.quota, Now: be.now, Logger: log}); err != nil {
 			return err
 		}
 		quota.Register(gs)
-		log.Info("serving Envoy's Rate Limit Quota Service (RLQS) on the gRPC port; a limit is shared among this replica's streams only (docs/rlqs.md)")
+		log.Info("serving Envoy's Rate Limit Quota Service (RLQS) on the gRPC port; each limit's budget is held in the backend, shared by every replica on it (docs/rlqs.md)", "backend", c.backend)
 	}
 	app := svc.WrapHTTP(withMetrics(withRulesSource(svc.HTTPHandler(), c, fromXDS), reg))
 	hs := newHTTPServer(app, log)
@@ -391,8 +391,12 @@ type backends struct {
 	main     algo.Backend
 	fallback algo.Backend     // decides while main fails, in failure mode local
 	leases   algo.LeaseReader // what this replica holds of leased keys; nil without leasing
-	now      func() time.Time
-	close    func()
+	// quota holds RLQS budgets across replicas: the store itself (behind
+	// the lease engine and the breaker), without the over-limit cache,
+	// which must not answer takes and gives from memory.
+	quota algo.Backend
+	now   func() time.Time
+	close func()
 }
 
 // leaseReturnTimeout bounds giving leases back at shutdown.
@@ -466,7 +470,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 			return nil, err
 		}
 		registerLease(reg, leases)
-		be.main, be.fallback, be.leases = leases, fallback, leases
+		be.main, be.fallback, be.leases, be.quota = leases, fallback, leases, leases
 		be.close = func() {
 			// Budget still leased goes back before the connections close.
 			ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
@@ -484,7 +488,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		log.Info("backend ready", "backend", "memory", "max_keys", c.memoryMaxKeys)
 		go watchEvictions(ctx, b, log, evictionReportInterval)
 		registerMemory(reg, b)
-		be.main, be.close = b, func() { b.Close() }
+		be.main, be.quota, be.close = b, b, func() { b.Close() }
 	}
 	if c.localCacheKeys > 0 {
 		cache, err := overlimit.New(be.main, overlimit.Options{MaxKeys: c.localCacheKeys, Now: be.now})
