@@ -34,7 +34,15 @@
 // grows takes what the others gave back at their own reports, within one or
 // two reporting intervals.
 //
-// Phase 1 shares a limit among the streams of one replica; the budget of
-// several replicas is not yet shared (that is phase 2, through the lease
-// engine). See docs/rlqs.md.
+// # Across replicas (phase 2)
+//
+// With [Options.Budget] (ratelimitd's backend: the lease engine in front of
+// Redis, or the memory backend), every assignment is backed by a lease of
+// as many hits taken from a store shared by all replicas, where the limit
+// is a semaphore of L units (budget.go): the assignments in force across
+// every replica sum to at most L. Each report gives back the stream's
+// previous lease and takes the new one (at most its target) in one atomic
+// call, which also announces the stream's demand, so that n and Σd above
+// count the streams of all replicas. Without a Budget, a replica shares L
+// among its own streams only (phase 1). See docs/rlqs.md.
 package rlqs
