@@ -30,7 +30,7 @@ var allowedDeps = map[string][]string{
 	"internal/xdstest":      {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
-	"pkg/rlqs":              {"pkg/config"},
+	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key"}, // a service: takes its budget through the algo.Backend interface
 	"pkg/rlqs/rlqssim":      {},
 	"pkg/xds":               {"pkg/config"},
 	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
