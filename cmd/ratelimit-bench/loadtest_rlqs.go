@@ -8,10 +8,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -429,8 +431,8 @@ func rlqsRowOf(name string, c rlqsConfig, share int, stats []*rlqsStats, elapsed
 	}
 	if len(errs) > 0 {
 		var parts []string
-		for k, n := range errs {
-			parts = append(parts, fmt.Sprintf("%s %d", k, n))
+		for _, k := range slices.Sorted(maps.Keys(errs)) {
+			parts = append(parts, fmt.Sprintf("%s %d", k, errs[k]))
 		}
 		row.Notes = append(row.Notes, "stream errors: "+strings.Join(parts, ", "))
 	}
@@ -446,7 +448,12 @@ func writeRLQSTable(w io.Writer, rows []rlqsRow) {
 		}
 		return f(v)
 	}
-	cpu := func(v float64) string { return fmt.Sprintf("%.2f", v) }
+	cpu := func(v float64) string {
+		if v < 1 {
+			return fmt.Sprintf("%.2f", v)
+		}
+		return fmt.Sprintf("%.1f", v)
+	}
 	cores := func(v float64) string { return fmt.Sprintf("%.2f", v) }
 	mb := func(v float64) string { return fmt.Sprintf("%.1f MB", v/1e6) }
 	bytes := func(v float64) string { return num(v) + " B" }
