@@ -38,6 +38,7 @@ type loadtestConfig struct {
 	Rate                       float64         // of the open-loop scenario
 	Out                        string          // directory for the JSON reports; "" for none
 	Groups                     map[string]bool // the scenario groups to run (-scenarios)
+	RLQS                       rlqsConfig      // the rlqs group's streams (-rlqs-*)
 }
 
 // The scenario groups, as -scenarios names them, in the order their rows
@@ -58,10 +59,13 @@ const (
 	// groupSlots: Acquire+Release pairs of a concurrency limit on Redis,
 	// against the exact decision of one descriptor (loadtest_slots.go).
 	groupSlots = "slots"
+	// groupRLQS: RLQS streams reporting buckets to ratelimitd -rlqs
+	// (loadtest_rlqs.go), in a table of its own.
+	groupRLQS = "rlqs"
 )
 
 // scenarioGroups lists every group, in table order.
-var scenarioGroups = []string{groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots}
+var scenarioGroups = []string{groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRLQS}
 
 // parseScenarios reads -scenarios: "all", or group names separated by
 // commas.
@@ -117,6 +121,7 @@ func loadtestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.Float64Var(&c.ZipfS, "zipf-s", 1.1, "Zipf exponent of the leased scenarios' keys (> 0): value i is asked with probability proportional to 1/(i+1)^s")
 	fs.Float64Var(&c.Rate, "rate", 5000, "requests/s of the open-loop scenario")
 	fs.StringVar(&c.Out, "out", "", "write each scenario's full report into this directory as JSON")
+	addRLQSFlags(fs, &c.RLQS)
 	scenarios := fs.String("scenarios", "all", "the scenario groups to run: all, or some of "+strings.Join(scenarioGroups, ", ")+" separated by commas (such as leased, to reproduce just those rows)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: ratelimit-bench loadtest [flags]
@@ -136,9 +141,12 @@ answers at once (ratelimit-bench floor-server), and a round trip to Redis.
   %s: a grpc-go server answering at once, and a round trip to Redis
   %s: Acquire+Release pairs of a concurrency limit on Redis (many keys,
       one hot key, 1 caller), per pair, against one exact decision
+  %s: RLQS streams (-rlqs-streams) each reporting -rlqs-buckets buckets
+      every -rlqs-interval to ratelimitd -rlqs on the memory backend:
+      report-to-assignment latency, CPU and memory, in a table of its own
 
 Flags:
-`, groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots)
+`, groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRLQS)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -164,6 +172,10 @@ Flags:
 		fmt.Fprintf(stderr, "ratelimit-bench loadtest: %v\n", err)
 		return exitUsage
 	}
+	if err := c.RLQS.validate(); err != nil {
+		fmt.Fprintf(stderr, "ratelimit-bench loadtest: %v\n", err)
+		return exitUsage
+	}
 	lt := &loadtest{cfg: c, log: stderr}
 	defer lt.stopAll()
 	rows, err := lt.run(ctx)
@@ -171,7 +183,15 @@ Flags:
 		fmt.Fprintf(stderr, "ratelimit-bench loadtest: %v\n", err)
 		return exitError
 	}
-	writeTable(stdout, rows)
+	if len(rows) > 0 {
+		writeTable(stdout, rows)
+	}
+	if len(lt.rlqsRows) > 0 {
+		if len(rows) > 0 {
+			fmt.Fprintln(stdout)
+		}
+		writeRLQSTable(stdout, lt.rlqsRows)
+	}
 	return exitOK
 }
 
@@ -182,6 +202,8 @@ type loadtest struct {
 	dir string // temporary: logs and the Redis directory
 
 	lua string // how ratelimitd said it calls Redis: "functions (FCALL)", ...
+
+	rlqsRows []rlqsRow // the rlqs group's, printed in a table of their own
 
 	mu       sync.Mutex
 	children []*child
@@ -219,6 +241,9 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 		if err := writeSlotsRules(c.Config, c.Key); err != nil {
 			return nil, err
 		}
+		if err := writeRLQSRules(c.Config, c.Key); err != nil {
+			return nil, err
+		}
 		lt.logf("rules: %s", c.Config)
 	}
 	abs, err := filepath.Abs(c.Config)
@@ -233,6 +258,11 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 	}
 	if c.Groups[groupSlots] {
 		if err := checkSlotsRules(c.Config, c.Key, c.Workers); err != nil {
+			return nil, err
+		}
+	}
+	if c.Groups[groupRLQS] {
+		if err := checkRLQSRules(c.Config, c.Key); err != nil {
 			return nil, err
 		}
 	}
@@ -328,6 +358,11 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 			}
 		}
 		lt.stop(mem)
+	}
+	if c.Groups[groupRLQS] {
+		if lt.rlqsRows, err = lt.rlqsGroup(ctx); err != nil {
+			return nil, err
+		}
 	}
 	var floors []scenario
 	if c.Groups[groupFloors] {
