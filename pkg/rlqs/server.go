@@ -105,6 +105,7 @@ type Server struct {
 	streams uint64 // the last stream id given
 	active  int    // streams open
 	open    map[uint64]*stream
+	counts  counts
 	closing chan struct{}
 	closed  sync.Once
 }
@@ -155,6 +156,8 @@ func New(opts Options) (*Server, error) {
 		open:    make(map[uint64]*stream),
 		closing: make(chan struct{}),
 	}
+	s.counts.errors = make(map[codes.Code]uint64)
+	s.counts.usage = make(map[ruleRef]*ruleUsage)
 	if opts.Default == nil {
 		s.opts.Default = s.allow
 	}
@@ -192,6 +195,8 @@ type streamBucket struct {
 	pool     *pool         // nil when the bucket shares no limit
 	poolKey  poolKey
 	decided  decision // what the last assignment was decided by
+	ref      ruleRef  // the rule that decided it, for usage
+	allowed  float64  // requests allowed per second, at its last report
 }
 
 // decision is what decides a bucket's assignment under the rules in force:
@@ -233,7 +238,7 @@ func decisionFor(r *config.Rule) decision {
 func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
 	select {
 	case <-s.closing:
-		return errClosing
+		return s.failed(errClosing)
 	default:
 	}
 	s.mu.Lock()
@@ -265,26 +270,30 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 	for {
 		select {
 		case <-s.closing:
-			return errClosing
+			return s.failed(errClosing)
 		case err := <-failed:
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			return err
 		case rep := <-reports:
+			s.counts.reports.Add(1)
 			resp, err := s.handle(ss, rep)
 			if err != nil {
 				s.opts.Logger.Warn("rlqs report rejected", "stream", ss.id, "domain", ss.domain, "error", err)
-				return err
+				return s.failed(err)
 			}
 			if err := st.Send(resp); err != nil {
 				return err
 			}
+			s.sent(resp)
 		case <-ss.reload:
 			if resp := s.reassess(ss); resp != nil {
 				if err := st.Send(resp); err != nil {
 					return err
 				}
+				s.counts.pushes.Add(1)
+				s.sent(resp)
 			}
 		}
 	}
@@ -332,6 +341,7 @@ func (s *Server) reassess(ss *stream) *rlqsv3.RateLimitQuotaResponse {
 		if decisionFor(r) == b.decided {
 			continue
 		}
+		s.track(b, refOf(ss, r), b.allowed)
 		if resp == nil {
 			resp = &rlqsv3.RateLimitQuotaResponse{}
 		}
@@ -342,6 +352,14 @@ func (s *Server) reassess(ss *stream) *rlqsv3.RateLimitQuotaResponse {
 		s.settle(batch, pend)
 	}
 	return resp
+}
+
+// refOf names rule r (nil: none) of the domain of ss for usage.
+func refOf(ss *stream, r *config.Rule) ruleRef {
+	if r == nil {
+		return ruleRef{}
+	}
+	return ruleRef{domain: ss.domain, rule: r.ID}
 }
 
 // assignment returns the quota assignment action of bucket b under rule r
@@ -432,6 +450,7 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		if first {
 			b = &streamBucket{desc: descs[i], key: keys[i], id: &rlqsv3.BucketId{Bucket: u.GetBucketId().GetBucket()}, interval: s.opts.ReportingInterval}
 			ss.buckets[keys[i]] = b
+			s.counts.buckets++
 		}
 		// Envoy's first report of a bucket comes as soon as the bucket is
 		// created, so its time_elapsed is not an interval: its count is
@@ -453,6 +472,7 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		if dom != nil {
 			r = dom.Match(b.desc)
 		}
+		s.track(b, refOf(ss, r), float64(u.GetNumRequestsAllowed())/elapsed.Seconds())
 		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, rate, now, &batch, &pend))
 	}
 	// Buckets the stream stopped reporting are abandoned.
@@ -463,7 +483,9 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
 			})
 			s.detach(ss, b, now, &batch)
+			s.track(b, ruleRef{}, 0)
 			delete(ss.buckets, k)
+			s.counts.buckets--
 		}
 	}
 	s.mu.Unlock()
@@ -627,7 +649,9 @@ func (s *Server) leave(ss *stream) {
 	now := s.opts.Now()
 	for _, b := range ss.buckets {
 		s.detach(ss, b, now, &gives)
+		s.track(b, ruleRef{}, 0)
 	}
+	s.counts.buckets -= len(ss.buckets)
 	ss.buckets = nil
 	s.active--
 	delete(s.open, ss.id)
