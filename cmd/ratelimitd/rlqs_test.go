@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,6 +42,16 @@ func TestServeRLQS(t *testing.T) {
 	}
 	if got := c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit(); got != 2 {
 		t.Fatalf("assignment %v, want 2 per second (posts_per_user, the only stream)", c.Assignment(bucket))
+	}
+	m := p.get(t, "/metrics")
+	for _, want := range []string{
+		"ratelimitd_rlqs_streams 1\n", "ratelimitd_rlqs_buckets 1\n", "ratelimitd_rlqs_reports_total 1\n",
+		`ratelimitd_rlqs_assignments_total{kind="rate"} 1` + "\n", `ratelimitd_rlqs_assignments_total{kind="abandon"} 0` + "\n",
+		`ratelimitd_rlqs_rule_usage{domain="posts",rule="posts.user_id"} 1` + "\n",
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q:\n%s", want, grepLines(m, "ratelimitd_rlqs_"))
+		}
 	}
 	start := time.Now()
 	if code := p.stop(t); code != exitOK {
@@ -119,4 +130,15 @@ func TestServeRLQSReloadPushes(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// grepLines returns the lines of s holding sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

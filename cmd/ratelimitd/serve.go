@@ -209,6 +209,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		if quota, err = rlqs.New(rlqs.Options{Rules: svc.Rules, Budget: be.quota, Now: be.now, Logger: log}); err != nil {
 			return err
 		}
+		registerRLQS(reg, quota)
 	}
 	setRules := func(r *config.Rules) {
 		svc.SetRules(r)
