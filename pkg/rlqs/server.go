@@ -283,17 +283,17 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 				s.opts.Logger.Warn("rlqs report rejected", "stream", ss.id, "domain", ss.domain, "error", err)
 				return s.failed(err)
 			}
+			s.sent(resp) // before Send, so the counts include what a client has
 			if err := st.Send(resp); err != nil {
 				return err
 			}
-			s.sent(resp)
 		case <-ss.reload:
 			if resp := s.reassess(ss); resp != nil {
+				s.counts.pushes.Add(1)
+				s.sent(resp)
 				if err := st.Send(resp); err != nil {
 					return err
 				}
-				s.counts.pushes.Add(1)
-				s.sent(resp)
 			}
 		}
 	}

@@ -89,7 +89,8 @@ func (s *Server) track(b *streamBucket, ref ruleRef, allowed float64) {
 	}
 }
 
-// sent counts the bucket actions of a response sent.
+// sent counts the bucket actions of a response about to be sent (a send
+// that fails ends the stream).
 func (s *Server) sent(resp *rlqsv3.RateLimitQuotaResponse) {
 	var rate, allow, deny, abandon uint64
 	for _, a := range resp.GetBucketAction() {
