@@ -2,6 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,12 +43,26 @@ func TestServeRLQS(t *testing.T) {
 	if got := c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit(); got != 2 {
 		t.Fatalf("assignment %v, want 2 per second (posts_per_user, the only stream)", c.Assignment(bucket))
 	}
+	m := p.get(t, "/metrics")
+	for _, want := range []string{
+		"ratelimitd_rlqs_streams 1\n", "ratelimitd_rlqs_buckets 1\n", "ratelimitd_rlqs_reports_total 1\n",
+		`ratelimitd_rlqs_assignments_total{kind="rate"} 1` + "\n", `ratelimitd_rlqs_assignments_total{kind="abandon"} 0` + "\n",
+		`ratelimitd_rlqs_rule_usage{domain="posts",rule="posts.user_id"} 1` + "\n",
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q:\n%s", want, grepLines(m, "ratelimitd_rlqs_"))
+		}
+	}
 	start := time.Now()
 	if code := p.stop(t); code != exitOK {
 		t.Fatalf("exit %d after shutdown, want 0", code)
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("shutdown took %v with an RLQS stream open: it waited for the stream", d)
+	}
+	// The client reads the stream's end a moment after serve returns.
+	for deadline := time.Now().Add(5 * time.Second); c.Err() == nil && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
 	if status.Code(c.Err()) != codes.Unavailable {
 		t.Fatalf("stream ended with %v, want Unavailable", c.Err())
@@ -69,4 +87,58 @@ func TestServeWithoutRLQS(t *testing.T) {
 	if _, err := st.Recv(); status.Code(err) != codes.Unimplemented {
 		t.Fatalf("without -rlqs: %v, want Unimplemented", err)
 	}
+}
+
+// TestServeRLQSReloadPushes: with -rlqs, a rule file edit reaches an open
+// stream's assignment without the simulated Envoy reporting again.
+func TestServeRLQSReloadPushes(t *testing.T) {
+	dir := t.TempDir()
+	rules := func(n int) {
+		t.Helper()
+		yaml := fmt.Sprintf("domain: posts\ndescriptors:\n  - key: user_id\n    rate_limit: {name: posts_per_user, requests_per_unit: %d, unit: second}\n", n)
+		if err := os.WriteFile(filepath.Join(dir, "posts.yaml"), []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rules(2)
+	p := startServe(t, true, "-config", dir, "-rlqs", "-watch-config")
+	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c, err := rlqssim.New(conn, "posts", time.Second, rlqssim.WithManualReports())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	bucket := map[string]string{"user_id": "alice"}
+	c.Allow(bucket)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Report(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit(); got != 2 {
+		t.Fatalf("assignment %v, want 2 per second", c.Assignment(bucket))
+	}
+	rules(7)
+	deadline := time.Now().Add(20 * time.Second)
+	for c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit() != 7 {
+		if time.Now().After(deadline) {
+			t.Fatalf("20s after the rule file changed to 7/s: assignment %v, never pushed", c.Assignment(bucket))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// grepLines returns the lines of s holding sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

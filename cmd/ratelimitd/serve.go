@@ -201,12 +201,28 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		return loadedAt
 	})
 	reg.MustRegister(sourceInfo{fromXDS})
+	// The RLQS server exists before rules can be reloaded, so that every
+	// reload pushes what it changed to its streams; it is registered on the
+	// gRPC server below.
+	var quota *rlqs.Server // nil without -rlqs
+	if c.rlqs {
+		if quota, err = rlqs.New(rlqs.Options{Rules: svc.Rules, Budget: be.quota, Now: be.now, Logger: log}); err != nil {
+			return err
+		}
+		registerRLQS(reg, quota)
+	}
+	setRules := func(r *config.Rules) {
+		svc.SetRules(r)
+		if quota != nil {
+			quota.Reload() // after SetRules: the pushes read the new rules
+		}
+	}
 	if fromXDS != nil {
 		if !rulesArrived && c.xds.readyWithRules {
 			svc.SetAwaitingRules(true)
 		}
 		fromXDS.attach(rules, func(r *config.Rules) {
-			svc.SetRules(r)
+			setRules(r)
 			mets.Rules(r)
 			svc.SetAwaitingRules(false)
 		})
@@ -214,7 +230,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		loaded = func() time.Time { return fromXDS.client.Status().LastUpdate }
 	} else if c.watchConfig {
 		apply := func(r *config.Rules) {
-			svc.SetRules(r)
+			setRules(r)
 			mets.Rules(r)
 			ref.configLoaded(true)
 		}
@@ -274,11 +290,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	gs := grpc.NewServer(grpcOpts...)
 	svc.RegisterGRPC(gs)
-	var quota *rlqs.Server // nil without -rlqs
-	if c.rlqs {
-		if quota, err = rlqs.New(rlqs.Options{Rules: svc.Rules, Budget: be.quota, Now: be.now, Logger: log}); err != nil {
-			return err
-		}
+	if quota != nil {
 		quota.Register(gs)
 		log.Info("serving Envoy's Rate Limit Quota Service (RLQS) on the gRPC port; each limit's budget is held in the backend, shared by every replica on it (docs/rlqs.md)", "backend", c.backend)
 	}

@@ -45,4 +45,11 @@
 // call, which also announces the stream's demand, so that n and Σd above
 // count the streams of all replicas. Without a Budget, a replica shares L
 // among its own streams only (phase 1). See docs/rlqs.md.
+//
+// # Reload and metrics
+//
+// [Server.Reload], called once new rules are in force, pushes to every
+// open stream the assignments of the buckets the new rules decide
+// otherwise, without waiting for a report. [Server.Stats] is a snapshot
+// of the counts that ratelimitd exports as ratelimitd_rlqs_* metrics.
 package rlqs

@@ -40,8 +40,9 @@ const (
 
 // Options configure a [Server]. Only Rules is required.
 type Options struct {
-	// Rules returns the rules in force; it is called once per report, so a
-	// reload applies from each stream's next report. Required.
+	// Rules returns the rules in force; it is called once per report, and
+	// by [Server.Reload], which pushes what a reload changed to the open
+	// streams at once. Required.
 	Rules func() *config.Rules
 	// Default is the strategy assigned to a bucket that matches no rule, or
 	// whose stream's domain no rule file defines. Nil means ALLOW_ALL: RLQS
@@ -103,6 +104,8 @@ type Server struct {
 	pools   map[poolKey]*pool
 	streams uint64 // the last stream id given
 	active  int    // streams open
+	open    map[uint64]*stream
+	counts  counts
 	closing chan struct{}
 	closed  sync.Once
 }
@@ -150,8 +153,11 @@ func New(opts Options) (*Server, error) {
 		allow:   blanket(typev3.RateLimitStrategy_ALLOW_ALL),
 		deny:    blanket(typev3.RateLimitStrategy_DENY_ALL),
 		pools:   make(map[poolKey]*pool),
+		open:    make(map[uint64]*stream),
 		closing: make(chan struct{}),
 	}
+	s.counts.errors = make(map[codes.Code]uint64)
+	s.counts.usage = make(map[ruleRef]*ruleUsage)
 	if opts.Default == nil {
 		s.opts.Default = s.allow
 	}
@@ -168,11 +174,15 @@ func (s *Server) Register(gs grpc.ServiceRegistrar) {
 }
 
 // stream is the state of one StreamRateLimitQuotas call. Only its own
-// goroutine touches domain; buckets is guarded by Server.mu.
+// goroutine touches domain and sends on the stream; buckets is guarded by
+// Server.mu.
 type stream struct {
 	id      uint64
 	domain  string
 	buckets map[string]*streamBucket
+	// reload is signalled by Server.Reload: the stream's goroutine then
+	// pushes the assignments the new rules changed.
+	reload chan struct{}
 }
 
 // streamBucket is one bucket a stream reports.
@@ -184,6 +194,42 @@ type streamBucket struct {
 	last     time.Time     // its last report
 	pool     *pool         // nil when the bucket shares no limit
 	poolKey  poolKey
+	decided  decision // what the last assignment was decided by
+	ref      ruleRef  // the rule that decided it, for usage
+	allowed  float64  // requests allowed per second, at its last report
+}
+
+// decision is what decides a bucket's assignment under the rules in force:
+// a reload that leaves it alone leaves the assignment alone.
+type decision struct {
+	kind  decisionKind
+	rule  string // the rule's ID, for decidedByRule
+	unit  typev3.RateLimitUnit
+	limit uint64
+}
+
+type decisionKind uint8
+
+const (
+	decidedByDefault decisionKind = iota // no rule, or no limit RLQS can express
+	decidedAllow                         // unlimited or shadow mode
+	decidedDeny                          // a limit of 0
+	decidedByRule                        // a pooled limit
+)
+
+// decisionFor returns what decides a bucket matching rule r (nil: none).
+func decisionFor(r *config.Rule) decision {
+	switch {
+	case r == nil || (!r.Unlimited && len(r.Limits) == 0):
+		return decision{kind: decidedByDefault}
+	case r.Unlimited || r.ShadowMode:
+		return decision{kind: decidedAllow}
+	}
+	unit, limit := unitFor(r)
+	if limit == 0 {
+		return decision{kind: decidedDeny}
+	}
+	return decision{kind: decidedByRule, rule: r.ID, unit: unit, limit: limit}
 }
 
 // StreamRateLimitQuotas answers each usage report with one response: an
@@ -192,13 +238,14 @@ type streamBucket struct {
 func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
 	select {
 	case <-s.closing:
-		return errClosing
+		return s.failed(errClosing)
 	default:
 	}
 	s.mu.Lock()
 	s.streams++
 	s.active++
-	ss := &stream{id: s.streams, buckets: make(map[string]*streamBucket)}
+	ss := &stream{id: s.streams, buckets: make(map[string]*streamBucket), reload: make(chan struct{}, 1)}
+	s.open[ss.id] = ss
 	s.mu.Unlock()
 	defer s.leave(ss)
 
@@ -223,22 +270,111 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 	for {
 		select {
 		case <-s.closing:
-			return errClosing
+			return s.failed(errClosing)
 		case err := <-failed:
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
 			return err
 		case rep := <-reports:
+			s.counts.reports.Add(1)
 			resp, err := s.handle(ss, rep)
 			if err != nil {
 				s.opts.Logger.Warn("rlqs report rejected", "stream", ss.id, "domain", ss.domain, "error", err)
-				return err
+				return s.failed(err)
 			}
+			s.sent(resp) // before Send, so the counts include what a client has
 			if err := st.Send(resp); err != nil {
 				return err
 			}
+		case <-ss.reload:
+			if resp := s.reassess(ss); resp != nil {
+				s.counts.pushes.Add(1)
+				s.sent(resp)
+				if err := st.Send(resp); err != nil {
+					return err
+				}
+			}
 		}
+	}
+}
+
+// Reload pushes to every open stream, without waiting for its next
+// report, the new assignments of the buckets whose rule or limit the rules
+// [Options.Rules] now returns changed: call it once new rules are in force.
+// A bucket whose rule and limit did not change is sent nothing. Each
+// stream's goroutine computes and sends its own push, as it does its
+// answers to reports, so Reload does not wait for them.
+func (s *Server) Reload() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ss := range s.open {
+		select {
+		case ss.reload <- struct{}{}:
+		default: // a push is pending already; it reads the latest rules
+		}
+	}
+}
+
+// reassess returns the assignments of the buckets of ss that the rules in
+// force decide otherwise than they were decided, computed as at a report
+// of theirs (budget included) but keeping their demand; nil when there is
+// none. Run on the stream's goroutine.
+func (s *Server) reassess(ss *stream) *rlqsv3.RateLimitQuotaResponse {
+	if ss.domain == "" {
+		return nil // no report yet: nothing assigned
+	}
+	var dom *config.Domain
+	if rules := s.opts.Rules(); rules != nil {
+		dom = rules.Domain(ss.domain)
+	}
+	now := s.opts.Now()
+	var resp *rlqsv3.RateLimitQuotaResponse
+	var batch []algo.Request
+	var pend []pending
+	s.mu.Lock()
+	for _, b := range ss.buckets {
+		var r *config.Rule
+		if dom != nil {
+			r = dom.Match(b.desc)
+		}
+		if decisionFor(r) == b.decided {
+			continue
+		}
+		s.track(b, refOf(ss, r), b.allowed)
+		if resp == nil {
+			resp = &rlqsv3.RateLimitQuotaResponse{}
+		}
+		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, -1, now, &batch, &pend))
+	}
+	s.mu.Unlock()
+	if len(batch) > 0 {
+		s.settle(batch, pend)
+	}
+	return resp
+}
+
+// refOf names rule r (nil: none) of the domain of ss for usage.
+func refOf(ss *stream, r *config.Rule) ruleRef {
+	if r == nil {
+		return ruleRef{}
+	}
+	return ruleRef{domain: ss.domain, rule: r.ID}
+}
+
+// assignment returns the quota assignment action of bucket b under rule r
+// (nil: none), given the rate its report showed, or -1 for a push without
+// a report. Called with s.mu held; with a Budget, settle completes it.
+func (s *Server) assignment(ss *stream, b *streamBucket, r *config.Rule, rate float64, now time.Time, batch *[]algo.Request, pend *[]pending) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	ttl := s.opts.AssignmentTTL
+	if ttl <= 0 {
+		ttl = 2 * b.interval
+	}
+	qa := &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{AssignmentTimeToLive: durationpb.New(ttl)}
+	qa.RateLimitStrategy = s.decide(ss, b, r, rate, now, ttl, qa, batch, pend)
+	return &rlqsv3.RateLimitQuotaResponse_BucketAction{
+		BucketId:     b.id,
+		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: qa},
 	}
 }
 
@@ -314,6 +450,7 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		if first {
 			b = &streamBucket{desc: descs[i], key: keys[i], id: &rlqsv3.BucketId{Bucket: u.GetBucketId().GetBucket()}, interval: s.opts.ReportingInterval}
 			ss.buckets[keys[i]] = b
+			s.counts.buckets++
 		}
 		// Envoy's first report of a bucket comes as soon as the bucket is
 		// created, so its time_elapsed is not an interval: its count is
@@ -335,16 +472,8 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		if dom != nil {
 			r = dom.Match(b.desc)
 		}
-		ttl := s.opts.AssignmentTTL
-		if ttl <= 0 {
-			ttl = 2 * b.interval
-		}
-		qa := &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{AssignmentTimeToLive: durationpb.New(ttl)}
-		qa.RateLimitStrategy = s.decide(ss, b, r, rate, now, ttl, qa, &batch, &pend)
-		resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{
-			BucketId:     b.id,
-			BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: qa},
-		})
+		s.track(b, refOf(ss, r), float64(u.GetNumRequestsAllowed())/elapsed.Seconds())
+		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, rate, now, &batch, &pend))
 	}
 	// Buckets the stream stopped reporting are abandoned.
 	for k, b := range ss.buckets {
@@ -354,7 +483,9 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
 			})
 			s.detach(ss, b, now, &batch)
+			s.track(b, ruleRef{}, 0)
 			delete(ss.buckets, k)
+			s.counts.buckets--
 		}
 	}
 	s.mu.Unlock()
@@ -408,27 +539,31 @@ func requestsPer(a uint64, unit typev3.RateLimitUnit) *typev3.RateLimitStrategy 
 }
 
 // decide returns bucket b's strategy under rule r (nil: no rule), given the
-// rate its latest report showed. With a Budget, a pooled bucket's strategy
-// is left nil and the requests it needs are appended to batch, with a
-// pending entry that settle completes. Called with s.mu held.
+// rate its latest report showed (-1: a push after a reload, with no report;
+// the demand known is kept). With a Budget, a pooled bucket's strategy is
+// left nil and the requests it needs are appended to batch, with a pending
+// entry that settle completes. Called with s.mu held.
 func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float64, now time.Time, ttl time.Duration,
 	qa *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction, batch *[]algo.Request, pend *[]pending) *typev3.RateLimitStrategy {
-	switch {
-	case r == nil || (!r.Unlimited && len(r.Limits) == 0):
+	d := decisionFor(r)
+	b.decided = d
+	switch d.kind {
+	case decidedByDefault:
 		// No rule, or a concurrency limit alone, which RLQS cannot express.
 		s.detach(ss, b, now, batch)
 		return s.opts.Default
-	case r.Unlimited || r.ShadowMode:
+	case decidedAllow:
 		s.detach(ss, b, now, batch)
 		return s.allow
-	}
-	unit, limit := unitFor(r)
-	if limit == 0 {
+	case decidedDeny:
 		s.detach(ss, b, now, batch)
 		return s.deny
 	}
+	unit, limit := d.unit, d.limit
 	pk := poolKey{domain: ss.domain, rule: r.ID, bucket: b.key}
+	var carried *member // the bucket's part of the pool it leaves, if any
 	if b.pool != nil && b.poolKey != pk {
+		carried = b.pool.members[ss.id]
 		s.detach(ss, b, now, batch) // the rules were reloaded and the bucket moved
 	}
 	if b.pool == nil {
@@ -437,14 +572,22 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 			p = &pool{members: make(map[uint64]*member)}
 			s.pools[pk] = p
 		}
-		p.members[ss.id] = &member{}
+		m := &member{}
+		if carried != nil { // the bucket's demand did not change with its rule
+			m.demand, m.observed = carried.demand, carried.observed
+		}
+		p.members[ss.id] = m
 		b.pool, b.poolKey = p, pk
 	}
 	p := b.pool
 	p.unit, p.limit = unit, limit // a reload may have changed the limit
 	m := p.members[ss.id]
 	m.stale = time.Duration(s.opts.AbandonAfter) * b.interval
-	m.observe(rate, s.opts.Smoothing, now)
+	if rate >= 0 {
+		m.observe(rate, s.opts.Smoothing, now)
+	} else {
+		m.last = b.last
+	}
 	until := now.Add(ttl + ledgerGrace)
 	if s.opts.Budget == nil {
 		return requestsPer(p.assign(ss.id, s.opts.FloorFraction, now, until), unit)
@@ -506,9 +649,12 @@ func (s *Server) leave(ss *stream) {
 	now := s.opts.Now()
 	for _, b := range ss.buckets {
 		s.detach(ss, b, now, &gives)
+		s.track(b, ruleRef{}, 0)
 	}
+	s.counts.buckets -= len(ss.buckets)
 	ss.buckets = nil
 	s.active--
+	delete(s.open, ss.id)
 	s.mu.Unlock()
 	s.opts.Logger.Debug("rlqs stream ended", "stream", ss.id, "domain", ss.domain)
 	if len(gives) > 0 {

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
+)
+
+// rlqsMetrics exports the RLQS server's counts (-rlqs) under
+// ratelimitd_rlqs_, from one snapshot per scrape.
+type rlqsMetrics struct{ s *rlqs.Server }
+
+func rlqsDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "rlqs", name), help, labels, nil)
+}
+
+var (
+	rlqsStreamsDesc     = rlqsDesc("streams", "Open StreamRateLimitQuotas streams.")
+	rlqsBucketsDesc     = rlqsDesc("buckets", "Buckets the open streams hold (reported and not yet abandoned).")
+	rlqsReportsDesc     = rlqsDesc("reports_total", "Usage reports received.")
+	rlqsPushesDesc      = rlqsDesc("reload_pushes_total", "Responses pushed to a stream without a report, after a rule reload changed its buckets' assignments.")
+	rlqsAssignmentsDesc = rlqsDesc("assignments_total", "Bucket actions sent, by kind: rate (requests per time unit), allow_all, deny_all, abandon.", "kind")
+	rlqsErrorsDesc      = rlqsDesc("stream_errors_total", "Streams the server ended with an error, by gRPC code: InvalidArgument or ResourceExhausted for bad input, Unavailable at shutdown.", "code")
+	rlqsUsageDesc       = rlqsDesc("rule_usage", "Requests per second the streams of this replica report allowed for buckets the rule decides, at their latest reports; sum over replicas for the rule's global usage.", "domain", "rule")
+)
+
+// registerRLQS exports the counts of s.
+func registerRLQS(reg prometheus.Registerer, s *rlqs.Server) { reg.MustRegister(rlqsMetrics{s}) }
+
+func (rlqsMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{rlqsStreamsDesc, rlqsBucketsDesc, rlqsReportsDesc, rlqsPushesDesc, rlqsAssignmentsDesc, rlqsErrorsDesc, rlqsUsageDesc} {
+		ch <- d
+	}
+}
+
+func (m rlqsMetrics) Collect(ch chan<- prometheus.Metric) {
+	st := m.s.Stats()
+	ch <- prometheus.MustNewConstMetric(rlqsStreamsDesc, prometheus.GaugeValue, float64(st.Streams))
+	ch <- prometheus.MustNewConstMetric(rlqsBucketsDesc, prometheus.GaugeValue, float64(st.Buckets))
+	ch <- prometheus.MustNewConstMetric(rlqsReportsDesc, prometheus.CounterValue, float64(st.Reports))
+	ch <- prometheus.MustNewConstMetric(rlqsPushesDesc, prometheus.CounterValue, float64(st.Pushes))
+	for kind, n := range map[string]uint64{
+		"rate": st.Assignments.Rate, "allow_all": st.Assignments.AllowAll,
+		"deny_all": st.Assignments.DenyAll, "abandon": st.Assignments.Abandon,
+	} {
+		ch <- prometheus.MustNewConstMetric(rlqsAssignmentsDesc, prometheus.CounterValue, float64(n), kind)
+	}
+	for code, n := range st.StreamErrors {
+		ch <- prometheus.MustNewConstMetric(rlqsErrorsDesc, prometheus.CounterValue, float64(n), code.String())
+	}
+	for _, u := range st.Usage {
+		ch <- prometheus.MustNewConstMetric(rlqsUsageDesc, prometheus.GaugeValue, u.Allowed, u.Domain, u.Rule)
+	}
+}
