@@ -52,15 +52,16 @@ func TestRLQSReplicasShareOneLimit(t *testing.T) {
 	var counting atomic.Bool
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for _, c := range clients[:3] {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	// drive has c offer its rate until stop, or leave closes (nil: never).
+	drive := func(c *rlqssim.Client, leave <-chan struct{}) {
+		wg.Go(func() {
 			tick := time.NewTicker(time.Second / rate)
 			defer tick.Stop()
 			for {
 				select {
 				case <-stop:
+					return
+				case <-leave:
 					return
 				case <-tick.C:
 					ok := c.Allow(bucket)
@@ -72,32 +73,14 @@ func TestRLQSReplicasShareOneLimit(t *testing.T) {
 					}
 				}
 			}
-		}()
+		})
+	}
+	for _, c := range clients[:3] {
+		drive(c, nil)
 	}
 	// The fourth is driven apart, so that it can leave on its own.
 	leave := make(chan struct{})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tick := time.NewTicker(time.Second / rate)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-leave:
-				return
-			case <-tick.C:
-				ok := clients[3].Allow(bucket)
-				if counting.Load() {
-					offered.Add(1)
-					if ok {
-						admitted.Add(1)
-					}
-				}
-			}
-		}
-	}()
+	drive(clients[3], leave)
 	defer func() { close(stop); wg.Wait() }()
 
 	// Two intervals to settle, then count over whole seconds.

@@ -18,28 +18,36 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
 )
 
+// reportAlice opens a simulated Envoy's stream to p in domain posts, has
+// it count a request of bucket {user_id: alice} and report it once.
+func reportAlice(t *testing.T, p *inProcess) (*rlqssim.Client, map[string]string) {
+	t.Helper()
+	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := rlqssim.New(conn, "posts", time.Second, rlqssim.WithManualReports())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	bucket := map[string]string{"user_id": "alice"}
+	c.Allow(bucket)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	if err := c.Report(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, bucket
+}
+
 // TestServeRLQS: with -rlqs, a simulated Envoy gets its share of the rule
 // its bucket matches on the gRPC port, and shutdown ends its stream rather
 // than waiting out -shutdown-timeout for it.
 func TestServeRLQS(t *testing.T) {
 	p := startServe(t, true, "-config", "../../examples", "-rlqs", "-shutdown-timeout", "20s")
-	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c, err := rlqssim.New(conn, "posts", time.Second, rlqssim.WithManualReports())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	bucket := map[string]string{"user_id": "alice"}
-	c.Allow(bucket)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.Report(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, bucket := reportAlice(t, p)
 	if got := c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit(); got != 2 {
 		t.Fatalf("assignment %v, want 2 per second (posts_per_user, the only stream)", c.Assignment(bucket))
 	}
@@ -102,23 +110,7 @@ func TestServeRLQSReloadPushes(t *testing.T) {
 	}
 	rules(2)
 	p := startServe(t, true, "-config", dir, "-rlqs", "-watch-config")
-	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c, err := rlqssim.New(conn, "posts", time.Second, rlqssim.WithManualReports())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	bucket := map[string]string{"user_id": "alice"}
-	c.Allow(bucket)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.Report(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, bucket := reportAlice(t, p)
 	if got := c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit(); got != 2 {
 		t.Fatalf("assignment %v, want 2 per second", c.Assignment(bucket))
 	}
