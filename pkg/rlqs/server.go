@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"runtime"
 	"sync"
 	"time"
 
@@ -108,6 +109,8 @@ type Server struct {
 	counts  counts
 	closing chan struct{}
 	closed  sync.Once
+	// busy bounds the reports deciding with a Budget at once (see handle).
+	busy chan struct{}
 }
 
 // New returns a server deciding buckets with opts.
@@ -155,6 +158,7 @@ func New(opts Options) (*Server, error) {
 		pools:   make(map[poolKey]*pool),
 		open:    make(map[uint64]*stream),
 		closing: make(chan struct{}),
+		busy:    make(chan struct{}, maxBusy()),
 	}
 	s.counts.errors = make(map[codes.Code]uint64)
 	s.counts.usage = make(map[ruleRef]*ruleUsage)
@@ -428,6 +432,14 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 	if rules := s.opts.Rules(); rules != nil {
 		dom = rules.Domain(ss.domain)
 	}
+	if s.opts.Budget != nil {
+		// With every stream reporting at once, reports that all wait for
+		// Server.mu and the store's locks hand them from one goroutine to
+		// the next, each with its batch in memory: a few at a time do the
+		// same work with less scheduling and garbage.
+		s.busy <- struct{}{}
+		defer func() { <-s.busy }()
+	}
 	now := s.opts.Now()
 	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(usages))}
 
@@ -444,6 +456,14 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 	}
 	var batch []algo.Request // with a Budget: gives, then takes and announcements
 	var pend []pending
+	if s.opts.Budget != nil {
+		// At most three gives and three takes per bucket, in space reused
+		// from report to report.
+		sc := getSettleScratch(len(usages))
+		defer sc.put()
+		batch, pend = sc.batch, sc.pend
+		defer func() { sc.batch, sc.pend = batch, pend }()
+	}
 	for i, u := range usages {
 		b := ss.buckets[keys[i]]
 		first := b == nil
@@ -495,12 +515,19 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 	return resp, nil
 }
 
+// maxBusy is how many reports decide with a Budget at once: enough to
+// keep every core and a remote store's round trips busy.
+func maxBusy() int { return max(8, 4*runtime.GOMAXPROCS(0)) }
+
 // settle sends one report's budget batch to the store and fills in the
 // assignments waiting for it: each is what its take got. When the store
 // fails, each is the phase 1 assignment (this replica's streams share the
 // limit among themselves), and the failure is logged.
 func (s *Server) settle(batch []algo.Request, pend []pending) {
-	out := make([]algo.Decision, len(batch))
+	sc := getSettleScratch(0)
+	defer sc.put()
+	out := append(sc.out[:0], make([]algo.Decision, len(batch))...)
+	defer func() { sc.out = out }()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.BudgetTimeout)
 	sent := s.opts.Now()
 	err := s.opts.Budget.Decide(ctx, batch, out)
@@ -512,7 +539,7 @@ func (s *Server) settle(batch []algo.Request, pend []pending) {
 	defer s.mu.Unlock()
 	for _, p := range pend {
 		a := p.local
-		p.m.leases = [3]*lease{}
+		p.m.leases = [3]lease{}
 		if err == nil {
 			a = out[p.take].Taken
 			keys := [3][]byte{p.key, p.akeys[0], p.akeys[1]}
@@ -522,13 +549,13 @@ func (s *Server) settle(batch []algo.Request, pend []pending) {
 					if i > 0 {
 						l = announceLimit()
 					}
-					p.m.leases[i] = &lease{key: keys[i], limit: l, hits: d.Taken, mark: d.Mark, end: sent.Add(d.Valid)}
+					p.m.leases[i] = lease{key: keys[i], limit: l, hits: d.Taken, mark: d.Mark, end: sent.Add(d.Valid)}
 				}
 			}
 			p.m.gDemand, p.m.gCount = estimate(out[p.take+1], out[p.take+2], p.ival)
 		}
 		p.m.assigned = a
-		p.qa.RateLimitStrategy = requestsPer(a, p.unit)
+		p.qa.RateLimitStrategy = p.m.strategy(a, p.unit)
 	}
 }
 
@@ -590,7 +617,7 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 	}
 	until := now.Add(ttl + ledgerGrace)
 	if s.opts.Budget == nil {
-		return requestsPer(p.assign(ss.id, s.opts.FloorFraction, now, until), unit)
+		return m.strategy(p.assign(ss.id, s.opts.FloorFraction, now, until), unit)
 	}
 	// The phase 1 assignment is recorded now so that the local ledger
 	// stays right if the store fails; settle replaces it.
@@ -599,11 +626,16 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 	// The previous leases go back in the same atomic call, before the
 	// takes: a stream re-takes what it held, plus what is free.
 	s.giveBack(m, now, batch)
-	prefix := poolKeyPrefix(ss.domain, r.ID, b.desc)
 	bl, al := budgetLimit(limit), announceLimit()
+	if p.keys[0] == nil || p.keysLimit != limit {
+		// The pool's store keys, made once: they change only with its limit.
+		prefix := poolKeyPrefix(ss.domain, r.ID, b.desc)
+		p.keys = [3][]byte{withLimit(prefix, bl), withLimit(key.AppendEntry(prefix, "demand", ""), al), withLimit(key.AppendEntry(prefix, "streams", ""), al)}
+		p.keysLimit = limit
+	}
 	pe := pending{m: m, qa: qa, unit: unit, take: len(*batch), target: target, local: local,
-		key: withLimit(prefix, bl), limit: bl, ttl: ttl + ledgerGrace, ival: b.interval,
-		akeys: [2][]byte{withLimit(key.AppendEntry(prefix, "demand", ""), al), withLimit(key.AppendEntry(prefix, "streams", ""), al)}}
+		key: p.keys[0], limit: bl, ttl: ttl + ledgerGrace, ival: b.interval,
+		akeys: [2][]byte{p.keys[1], p.keys[2]}}
 	perInterval := uint64(math.Ceil(m.demand * b.interval.Seconds()))
 	take := func(k []byte, l algo.Limit, n uint64) algo.Request {
 		return algo.Request{Key: k, Limit: l, Op: algo.OpTake, Lease: algo.Lease{Max: n, Share: 1, TTL: pe.ttl}}
@@ -633,11 +665,11 @@ func (s *Server) detach(ss *stream, b *streamBucket, now time.Time, gives *[]alg
 // giveBack appends to gives the gives of m's leases still running, and
 // forgets them. Called with s.mu held.
 func (s *Server) giveBack(m *member, now time.Time, gives *[]algo.Request) {
-	for i, l := range m.leases {
-		if g, ok := l.give(now); ok {
+	for i := range m.leases {
+		if g, ok := m.leases[i].give(now); ok {
 			*gives = append(*gives, g)
 		}
-		m.leases[i] = nil
+		m.leases[i] = lease{}
 	}
 }
 

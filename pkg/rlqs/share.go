@@ -60,6 +60,10 @@ type pool struct {
 	unit    typev3.RateLimitUnit
 	limit   uint64 // L: requests per unit
 	members map[uint64]*member
+	// With a Budget: the pool's store keys (budget, demand, streams), made
+	// for a limit of keysLimit.
+	keys      [3][]byte
+	keysLimit uint64
 }
 
 // member is one stream's part of a pool.
@@ -74,8 +78,20 @@ type member struct {
 	// announcements (demand, streams), and the pool's demand (requests per
 	// second) and streams across all replicas as the last announcements
 	// showed (0 before the first).
-	leases          [3]*lease
+	leases          [3]lease // hits 0: none
 	gDemand, gCount float64
+	// sent is the strategy last made for the member: reused, unchanged,
+	// while the assignment stays the same (only the member's stream sends
+	// it, one response at a time).
+	sent *typev3.RateLimitStrategy
+}
+
+// strategy returns the strategy assigning a per unit.
+func (m *member) strategy(a uint64, unit typev3.RateLimitUnit) *typev3.RateLimitStrategy {
+	if rp := m.sent.GetRequestsPerTimeUnit(); rp == nil || rp.GetRequestsPerTimeUnit() != a || rp.GetTimeUnit() != unit {
+		m.sent = requestsPer(a, unit)
+	}
+	return m.sent
 }
 
 // observe folds one report's rate into the member's demand: an exponential

@@ -216,19 +216,47 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 		lockBuf [stackBatch]uint64
 		origBuf [stackBatch]algo.State
 		nextBuf [stackBatch]algo.State
+		entBuf  [stackBatch]*entry
+		dupBuf  [stackBatch]int32
 	)
 	hashes, locks := hashBuf[:0], lockBuf[:0]
 	orig, next := origBuf[:0], nextBuf[:0]
+	ents, dups := entBuf[:0], dupBuf[:0]
+	var sc *scratch
 	if len(reqs) > stackBatch {
-		hashes = make([]uint64, 0, len(reqs))
-		locks = make([]uint64, 0, len(reqs))
-		orig = make([]algo.State, 0, len(reqs))
-		next = make([]algo.State, 0, len(reqs))
+		sc = scratchPool.Get().(*scratch)
+		defer sc.put()
+		hashes, locks, orig, next, ents, dups = sc.hashes[:0], sc.locks[:0], sc.orig[:0], sc.next[:0], sc.ents[:0], sc.dups[:0]
 	}
 	for i := range reqs {
 		h := maphash.Bytes(b.seed, reqs[i].Key)
 		hashes = append(hashes, h)
 		locks = insertSorted(locks, h&b.mask)
+		// dups[i]: the latest earlier request of the same key, or -1.
+		// Hashes first: long keys compare only on a match.
+		d := int32(-1)
+		if sc == nil {
+			for j := i - 1; j >= 0; j-- {
+				if hashes[j] == h && string(reqs[j].Key) == string(reqs[i].Key) {
+					d = int32(j)
+					break
+				}
+			}
+		} else {
+			for j, ok := sc.last[h]; ok && j >= 0; j = sc.prev[j] {
+				if string(reqs[j].Key) == string(reqs[i].Key) {
+					d = j
+					break
+				}
+			}
+			if j, ok := sc.last[h]; ok {
+				sc.prev = append(sc.prev, j)
+			} else {
+				sc.prev = append(sc.prev, -1)
+			}
+			sc.last[h] = int32(i)
+		}
+		dups = append(dups, d)
 	}
 	for _, s := range locks {
 		b.shards[s].mu.Lock()
@@ -237,20 +265,23 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 	admit := true
 	for i := range reqs {
 		r := &reqs[i]
-		e := b.shards[hashes[i]&b.mask].m[string(r.Key)]
-		var st algo.State
-		if e != nil && e.expires > nowUS {
-			st = e.state
-		}
-		orig = append(orig, st)
-		// A key seen earlier in this batch continues from that request's
-		// tentative state. Hashes first: long keys compare only on a match.
-		for j := i - 1; j >= 0; j-- {
-			if hashes[j] == hashes[i] && string(reqs[j].Key) == string(r.Key) {
-				st = next[j]
-				break
+		var (
+			e  *entry
+			st algo.State
+		)
+		if j := dups[i]; j >= 0 {
+			// A key seen earlier in this batch continues from that
+			// request's tentative state.
+			e, st = ents[j], next[j]
+			orig = append(orig, orig[j])
+		} else {
+			e = b.shards[hashes[i]&b.mask].m[string(r.Key)]
+			if e != nil && e.expires > nowUS {
+				st = e.state
 			}
+			orig = append(orig, st)
 		}
+		ents = append(ents, e)
 		next = append(next, st)
 		d := algo.Apply(&next[i], now, r)
 		out[i] = d
@@ -262,13 +293,15 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 	if admit {
 		for i := range reqs {
 			r := &reqs[i]
+			// An earlier store in this batch may have created the entry.
+			if j := dups[i]; j >= 0 {
+				ents[i] = ents[j]
+			}
 			if !algo.Stores(r, &out[i]) {
 				continue
 			}
-			// Look the entry up again: an earlier store in this batch may
-			// have created it.
 			sh := &b.shards[hashes[i]&b.mask]
-			sh.store(b, r.Key, sh.m[string(r.Key)], next[i], nowUS+algo.Keep(r, &out[i]).Microseconds(), nowUS, reqs)
+			ents[i] = sh.store(b, r.Key, ents[i], next[i], nowUS+algo.Keep(r, &out[i]).Microseconds(), nowUS, reqs)
 		}
 	} else {
 		// Nothing is consumed: every decision reports the state as it
@@ -286,20 +319,48 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 	for j := len(locks) - 1; j >= 0; j-- {
 		b.shards[locks[j]].mu.Unlock()
 	}
+	if sc != nil {
+		sc.hashes, sc.locks, sc.orig, sc.next, sc.ents, sc.dups = hashes, locks, orig, next, ents, dups
+	}
 }
 
-// store saves st under key until expires. e is the key's current entry or
-// nil; batch holds the requests being decided, whose keys must not be
-// evicted to make room. The shard must be locked.
-func (sh *shard) store(b *Backend, key []byte, e *entry, st algo.State, expires, nowUS int64, batch []algo.Request) {
+// scratch is the working space of a batch larger than stackBatch, reused
+// across batches: a report of many keys would otherwise allocate (and the
+// garbage collector scan) several slices per call.
+type scratch struct {
+	hashes, locks []uint64
+	orig, next    []algo.State
+	ents          []*entry
+	dups, prev    []int32
+	last          map[uint64]int32 // hash → the latest request of the batch with it
+}
+
+var scratchPool = sync.Pool{New: func() any { return &scratch{last: make(map[uint64]int32)} }}
+
+// put clears what sc refers to and returns it to the pool.
+func (sc *scratch) put() {
+	clear(sc.orig[:cap(sc.orig)])
+	clear(sc.next[:cap(sc.next)])
+	clear(sc.ents[:cap(sc.ents)])
+	clear(sc.last)
+	sc.prev = sc.prev[:0]
+	scratchPool.Put(sc)
+}
+
+// store saves st under key until expires and returns its entry. e is the
+// key's current entry or nil; batch holds the requests being decided, whose
+// keys must not be evicted to make room. The shard must be locked.
+func (sh *shard) store(b *Backend, key []byte, e *entry, st algo.State, expires, nowUS int64, batch []algo.Request) *entry {
 	if e != nil {
 		e.state, e.expires = st, expires
-		return
+		return e
 	}
 	if len(sh.m) >= b.shardCap {
 		sh.makeRoom(b, nowUS, batch)
 	}
-	sh.m[string(key)] = &entry{state: st, expires: expires}
+	e = &entry{state: st, expires: expires}
+	sh.m[string(key)] = e
+	return e
 }
 
 // makeRoom frees one slot in a full shard: an expired entry if the sample

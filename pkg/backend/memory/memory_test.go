@@ -442,3 +442,48 @@ func TestReset(t *testing.T) {
 		t.Error("after resetting a, a must start afresh and b keep its count")
 	}
 }
+
+// TestLargeBatchMatchesOneByOne: an admitted batch larger than stackBatch,
+// its keys repeated, with takes and gives of leases, decides as the same
+// requests one at a time do, and leaves the same states.
+func TestLargeBatchMatchesOneByOne(t *testing.T) {
+	batched, clk := newTestBackend(t, Options{})
+	single := New(Options{Now: clk.Now, SweepInterval: -1})
+	t.Cleanup(func() { single.Close() })
+	lim := algo.Limit{Algorithm: algo.TokenBucket, Requests: 1000, Window: time.Millisecond, Burst: 1000}
+	var marks [7]int64
+	for round := range 5 {
+		var reqs []algo.Request
+		for i := range 60 {
+			k := []byte("k" + strconv.Itoa(i%7))
+			switch i % 3 {
+			case 0:
+				reqs = append(reqs, algo.Request{Key: k, Limit: lim, Op: algo.OpTake, Lease: algo.Lease{Max: 50, Share: 1, TTL: 3 * time.Second}})
+			case 1:
+				reqs = append(reqs, algo.Request{Key: k, Limit: lim, Op: algo.OpGive, Hits: 20, Lease: algo.Lease{Mark: marks[i%7]}})
+			default:
+				reqs = append(reqs, algo.Request{Key: k, Limit: lim, Hits: 1})
+			}
+		}
+		got := make([]algo.Decision, len(reqs))
+		if err := batched.Decide(context.Background(), reqs, got); err != nil {
+			t.Fatal(err)
+		}
+		for i := range reqs {
+			want := make([]algo.Decision, 1)
+			if err := single.Decide(context.Background(), reqs[i:i+1], want); err != nil {
+				t.Fatal(err)
+			}
+			if got[i] != want[0] {
+				t.Fatalf("round %d, request %d: batched %+v, one by one %+v", round, i, got[i], want[0])
+			}
+			if got[i].Mark != 0 {
+				marks[i%7] = got[i].Mark
+			}
+		}
+		clk.Advance(time.Second)
+	}
+	if batched.Len() != single.Len() {
+		t.Fatalf("%d keys batched, %d one by one", batched.Len(), single.Len())
+	}
+}
