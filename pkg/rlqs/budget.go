@@ -116,14 +116,17 @@ type settleScratch struct {
 	batch []algo.Request
 	pend  []pending
 	out   []algo.Decision
+	pool  *sync.Pool // where put returns it
 }
 
-var settlePool = sync.Pool{New: func() any { return new(settleScratch) }}
-
-// getSettleScratch returns scratch space whose batch and pend are empty
-// and hold room for the requests of n buckets.
-func getSettleScratch(n int) *settleScratch {
-	sc := settlePool.Get().(*settleScratch)
+// getSettleScratch returns scratch space from pool whose batch and pend
+// are empty and hold room for the requests of n buckets.
+func getSettleScratch(pool *sync.Pool, n int) *settleScratch {
+	sc, _ := pool.Get().(*settleScratch)
+	if sc == nil {
+		sc = new(settleScratch)
+	}
+	sc.pool = pool
 	if cap(sc.batch) < 6*n {
 		sc.batch = make([]algo.Request, 0, 6*n)
 	}
@@ -140,5 +143,5 @@ func (sc *settleScratch) put() {
 	clear(sc.batch) // only these were used: the rest is clear already
 	clear(sc.pend)
 	sc.batch, sc.pend = sc.batch[:0], sc.pend[:0]
-	settlePool.Put(sc)
+	sc.pool.Put(sc)
 }

@@ -111,6 +111,8 @@ type Server struct {
 	closed  sync.Once
 	// busy bounds the reports deciding with a Budget at once (see handle).
 	busy chan struct{}
+	// scratch pools the space of budget calls (*settleScratch).
+	scratch sync.Pool
 }
 
 // New returns a server deciding buckets with opts.
@@ -459,7 +461,7 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 	if s.opts.Budget != nil {
 		// At most three gives and three takes per bucket, in space reused
 		// from report to report.
-		sc := getSettleScratch(len(usages))
+		sc := getSettleScratch(&s.scratch, len(usages))
 		defer sc.put()
 		batch, pend = sc.batch, sc.pend
 		defer func() { sc.batch, sc.pend = batch, pend }()
@@ -524,7 +526,7 @@ func maxBusy() int { return max(8, 4*runtime.GOMAXPROCS(0)) }
 // fails, each is the phase 1 assignment (this replica's streams share the
 // limit among themselves), and the failure is logged.
 func (s *Server) settle(batch []algo.Request, pend []pending) {
-	sc := getSettleScratch(0)
+	sc := getSettleScratch(&s.scratch, 0)
 	defer sc.put()
 	out := append(sc.out[:0], make([]algo.Decision, len(batch))...)
 	defer func() { sc.out = out }()

@@ -66,6 +66,7 @@ type Backend struct {
 	mask      uint64
 	shardCap  int
 	evictions atomic.Uint64
+	scratch   sync.Pool // of *scratch, for batches larger than stackBatch
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -224,8 +225,10 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 	ents, dups := entBuf[:0], dupBuf[:0]
 	var sc *scratch
 	if len(reqs) > stackBatch {
-		sc = scratchPool.Get().(*scratch)
-		defer sc.put()
+		if sc, _ = b.scratch.Get().(*scratch); sc == nil {
+			sc = &scratch{last: make(map[uint64]int32)}
+		}
+		defer sc.put(&b.scratch)
 		hashes, locks, orig, next, ents, dups = sc.hashes[:0], sc.locks[:0], sc.orig[:0], sc.next[:0], sc.ents[:0], sc.dups[:0]
 	}
 	for i := range reqs {
@@ -335,16 +338,14 @@ type scratch struct {
 	last          map[uint64]int32 // hash → the latest request of the batch with it
 }
 
-var scratchPool = sync.Pool{New: func() any { return &scratch{last: make(map[uint64]int32)} }}
-
-// put clears what sc refers to and returns it to the pool.
-func (sc *scratch) put() {
+// put clears what sc refers to and returns it to pool.
+func (sc *scratch) put(pool *sync.Pool) {
 	clear(sc.orig[:cap(sc.orig)])
 	clear(sc.next[:cap(sc.next)])
 	clear(sc.ents[:cap(sc.ents)])
 	clear(sc.last)
 	sc.prev = sc.prev[:0]
-	scratchPool.Put(sc)
+	pool.Put(sc)
 }
 
 // store saves st under key until expires and returns its entry. e is the
