@@ -8,12 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -430,11 +428,7 @@ func rlqsRowOf(name string, c rlqsConfig, share int, stats []*rlqsStats, elapsed
 		row.Notes = append(row.Notes, fmt.Sprintf("%d reports skipped: their stream had %d unanswered", skipped, rlqsMaxUnanswered))
 	}
 	if len(errs) > 0 {
-		var parts []string
-		for _, k := range slices.Sorted(maps.Keys(errs)) {
-			parts = append(parts, fmt.Sprintf("%s %d", k, errs[k]))
-		}
-		row.Notes = append(row.Notes, "stream errors: "+strings.Join(parts, ", "))
+		row.Notes = append(row.Notes, "stream errors: "+countsText(errs, ", "))
 	}
 	return row
 }

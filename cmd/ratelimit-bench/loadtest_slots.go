@@ -3,13 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -442,11 +439,7 @@ func pairsRow(name, server string, stats []*pairStats, elapsed time.Duration, cp
 		row.Notes = append(row.Notes, fmt.Sprintf("%d of %d Releases answered released false: the slot was not held", notReleased, pairs))
 	}
 	if len(errs) > 0 {
-		var parts []string
-		for _, k := range slices.Sorted(maps.Keys(errs)) {
-			parts = append(parts, fmt.Sprintf("%s %d", k, errs[k]))
-		}
-		row.Notes = append(row.Notes, "errors: "+strings.Join(parts, ", "))
+		row.Notes = append(row.Notes, "errors: "+countsText(errs, ", "))
 	}
 	return row
 }

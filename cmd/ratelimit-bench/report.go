@@ -220,11 +220,7 @@ func (r *report) writeText(w io.Writer) error {
 	if len(r.Errors) == 0 {
 		fmt.Fprintf(&b, "errors       none\n")
 	} else {
-		var parts []string
-		for _, code := range slices.Sorted(maps.Keys(r.Errors)) {
-			parts = append(parts, fmt.Sprintf("%s %d", code, r.Errors[code]))
-		}
-		fmt.Fprintf(&b, "errors       %s\n", strings.Join(parts, "  "))
+		fmt.Fprintf(&b, "errors       %s\n", countsText(r.Errors, "  "))
 	}
 	if r.Unsent > 0 {
 		fmt.Fprintf(&b, "unsent       %d\n", r.Unsent)
@@ -302,4 +298,13 @@ func num(v float64) string {
 		return string(out) + "." + frac
 	}
 	return string(out)
+}
+
+// countsText lists counts by name, "name n", in name order, joined by sep.
+func countsText(counts map[string]uint64, sep string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, counts[k]))
+	}
+	return strings.Join(parts, sep)
 }
