@@ -30,6 +30,17 @@ func acquire(t *testing.T, c client.ConcurrencyLimiter, ds ...client.Descriptor)
 	return s
 }
 
+// allFree fails t unless n slots of d can be taken: every slot the work
+// before, named by after, held was given back.
+func allFree(t *testing.T, c client.ConcurrencyLimiter, d client.Descriptor, n int, after string) {
+	t.Helper()
+	for i := range n {
+		if got := acquire(t, c, d); !got.Allowed {
+			t.Fatalf("acquire %d of %v after %s: %+v; a slot was not released", i+1, d, after, got)
+		}
+	}
+}
+
 // TestAcquireHoldsSlotsUntilReleased: a limit of 2 in flight gives 2
 // leases, refuses a third until one is released, and tells its slots.
 func TestAcquireHoldsSlotsUntilReleased(t *testing.T) {
@@ -293,11 +304,7 @@ func TestConcurrencyMiddleware(t *testing.T) {
 		}
 	}
 	// Every slot was released: 2 are free.
-	for i := range 2 {
-		if got := acquire(t, c, client.D("export", "acme")); !got.Allowed {
-			t.Fatalf("acquire %d after the requests: %+v; their slots were not released", i+1, got)
-		}
-	}
+	allFree(t, c, client.D("export", "acme"), 2, "the requests")
 	if e := errs.get(); len(e) != 0 {
 		t.Fatalf("OnError told %v", e)
 	}
@@ -609,11 +616,7 @@ func TestConcurrencyMiddlewareManyRequests(t *testing.T) {
 	}
 	t.Logf("churning: %d answered 200, %d 429", ok, refused)
 	// Every slot was released.
-	for i := range 5 {
-		if got := acquire(t, c, client.D("pool", "p")); !got.Allowed {
-			t.Fatalf("acquire %d after the requests: %+v; a slot was not released", i+1, got)
-		}
-	}
+	allFree(t, c, client.D("pool", "p"), 5, "the requests")
 	if e := errs.get(); len(e) != 0 {
 		t.Fatalf("OnError told %v", e)
 	}
@@ -678,14 +681,8 @@ func TestConcurrencyUnaryServerInterceptor(t *testing.T) {
 			intercept(context.Background(), "req", &grpc.UnaryServerInfo{FullMethod: "/panic"}, func(context.Context, any) (any, error) { panic("boom") })
 		}()
 	}
-	for i := range 2 {
-		if got := acquire(t, c, client.D("export", "/m")); !got.Allowed {
-			t.Fatalf("acquire %d after the calls: %+v", i+1, got)
-		}
-		if got := acquire(t, c, client.D("export", "/panic")); !got.Allowed {
-			t.Fatalf("acquire %d after the panics: %+v", i+1, got)
-		}
-	}
+	allFree(t, c, client.D("export", "/m"), 2, "the calls")
+	allFree(t, c, client.D("export", "/panic"), 2, "the panics")
 	if e := errs.get(); len(e) != 0 {
 		t.Fatalf("onError told %v", e)
 	}
