@@ -375,7 +375,9 @@ func TestTLS(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := Dial(ctx, Config{URL: srv.URL}, Options{})
+	// Timeouts long enough that a loaded machine's slow handshake fails on
+	// the certificate, not on a deadline.
+	_, err := Dial(ctx, Config{URL: srv.URL, DialTimeout: 3 * time.Second, ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second}, Options{})
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("Dial without the CA: %v, want an error saying the certificate is not trusted", err)
 	}
