@@ -142,7 +142,7 @@ answers at once (ratelimit-bench floor-server), and a round trip to Redis.
   %s: Acquire+Release pairs of a concurrency limit on Redis (many keys,
       one hot key, 1 caller), per pair, against one exact decision
   %s: RLQS streams (-rlqs-streams) each reporting -rlqs-buckets buckets
-      every -rlqs-interval to ratelimitd -rlqs on the memory backend:
+      every -rlqs-interval to ratelimitd -rlqs on -rlqs-backends:
       report-to-assignment latency, CPU and memory, in a table of its own
 
 Flags:
@@ -360,7 +360,7 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 		lt.stop(mem)
 	}
 	if c.Groups[groupRLQS] {
-		if lt.rlqsRows, err = lt.rlqsGroup(ctx); err != nil {
+		if lt.rlqsRows, err = lt.rlqsGroup(ctx, redisAddr); err != nil {
 			return nil, err
 		}
 	}

@@ -91,6 +91,8 @@ type rlqsConfig struct {
 	Demand   float64       // requests/s of each bucket of each stream
 	Share    []int         // one row each: how many streams report each bucket
 	share    string        // -rlqs-share as given
+	Backends []string      // the server's -backend, one row each per share
+	backends string        // -rlqs-backends as given
 }
 
 // addRLQSFlags defines the rlqs group's flags on fs.
@@ -101,6 +103,7 @@ func addRLQSFlags(fs *flag.FlagSet, c *rlqsConfig) {
 	fs.DurationVar(&c.Interval, "rlqs-interval", time.Second, "rlqs group: each stream's reporting interval")
 	fs.Float64Var(&c.Demand, "rlqs-demand", 10, "rlqs group: steady requests/s of each bucket of each stream, reported as allowed")
 	fs.StringVar(&c.share, "rlqs-share", "1,10", "rlqs group: one row per number, the streams reporting each bucket (1: every stream its own buckets; -rlqs-streams: every stream the same buckets), separated by commas")
+	fs.StringVar(&c.backends, "rlqs-backends", "memory,redis", "rlqs group: the server's backends, the budget store its streams share, one row each per -rlqs-share: memory, redis, or both separated by commas")
 }
 
 // validate checks the rlqs flags and reads -rlqs-share.
@@ -125,6 +128,14 @@ func (c *rlqsConfig) validate() error {
 			return fmt.Errorf("-rlqs-share %q: %q is not a number of streams from 1 to -rlqs-streams (%d)", c.share, s, c.Streams)
 		}
 		c.Share = append(c.Share, n)
+	}
+	c.Backends = nil
+	for b := range strings.SplitSeq(c.backends, ",") {
+		b = strings.TrimSpace(b)
+		if b != "memory" && b != "redis" {
+			return fmt.Errorf("-rlqs-backends %q: %q is not a backend: want memory or redis", c.backends, b)
+		}
+		c.Backends = append(c.Backends, b)
 	}
 	return nil
 }
@@ -567,27 +578,30 @@ func httpAddrOf(ch *child) string {
 	return ""
 }
 
-// rlqsGroup runs one rlqs scenario per -rlqs-share, each on a ratelimitd
-// of its own (-rlqs, memory backend), so that its memory is the
-// scenario's.
-func (lt *loadtest) rlqsGroup(ctx context.Context) ([]rlqsRow, error) {
+// rlqsGroup runs one rlqs scenario per -rlqs-backends and -rlqs-share,
+// each on a ratelimitd of its own (-rlqs), so that its memory is the
+// scenario's. With the redis backend, the budget the streams share is in
+// the Redis at redisAddr.
+func (lt *loadtest) rlqsGroup(ctx context.Context, redisAddr string) ([]rlqsRow, error) {
 	var rows []rlqsRow
-	for _, share := range lt.cfg.RLQS.Share {
-		row, err := lt.rlqsScenario(ctx, share)
-		if err != nil {
-			return nil, err
+	for _, backend := range lt.cfg.RLQS.Backends {
+		for _, share := range lt.cfg.RLQS.Share {
+			row, err := lt.rlqsScenario(ctx, backend, redisAddr, share)
+			if err != nil {
+				return nil, err
+			}
+			rows = append(rows, row)
 		}
-		rows = append(rows, row)
 	}
 	return rows, nil
 }
 
 // rlqsScenario measures the streams of -rlqs-streams, share of them
-// reporting each bucket, against a new ratelimitd.
-func (lt *loadtest) rlqsScenario(ctx context.Context, share int) (rlqsRow, error) {
+// reporting each bucket, against a new ratelimitd on backend.
+func (lt *loadtest) rlqsScenario(ctx context.Context, backend, redisAddr string, share int) (rlqsRow, error) {
 	c := lt.cfg
 	rc := c.RLQS
-	name := fmt.Sprintf("ratelimitd -rlqs, memory: %s streams × %s buckets, %s stream(s) per bucket", num(float64(rc.Streams)), num(float64(rc.Buckets)), num(float64(share)))
+	name := fmt.Sprintf("ratelimitd -rlqs, %s: %s streams × %s buckets, %s stream(s) per bucket", backend, num(float64(rc.Streams)), num(float64(rc.Buckets)), num(float64(share)))
 	reports := make([]*rawRequest, rc.Streams)
 	for s := range reports {
 		if s%share != 0 {
@@ -600,7 +614,11 @@ func (lt *loadtest) rlqsScenario(ctx context.Context, share int) (rlqsRow, error
 		}
 		reports[s] = r
 	}
-	srv, addr, err := lt.startRatelimitd(ctx, fmt.Sprintf("ratelimitd-rlqs-%d", share), "-backend", "memory", "-rlqs")
+	args := []string{"-backend", backend, "-rlqs"}
+	if backend == "redis" {
+		args = append(args, "-redis-url", "redis://"+redisAddr)
+	}
+	srv, addr, err := lt.startRatelimitd(ctx, fmt.Sprintf("ratelimitd-rlqs-%s-%d", backend, share), args...)
 	if err != nil {
 		return rlqsRow{}, err
 	}

@@ -53,16 +53,41 @@ func newBucketDescriptor(m map[string]string) (bucketDescriptor, error) {
 // key encodes the descriptor so that two different bucket ids never share
 // a key: every key and value is length-prefixed.
 func (d bucketDescriptor) key() string {
-	var b strings.Builder
+	var b []byte
 	for _, e := range d {
-		b.WriteString(strconv.Itoa(len(e.key)))
-		b.WriteByte(':')
-		b.WriteString(e.key)
-		b.WriteString(strconv.Itoa(len(e.value)))
-		b.WriteByte(':')
-		b.WriteString(e.value)
+		b = appendEntry(b, e.key, e.value)
 	}
-	return b.String()
+	return string(b)
+}
+
+func appendEntry(b []byte, k, v string) []byte {
+	b = strconv.AppendInt(b, int64(len(k)), 10)
+	b = append(b, ':')
+	b = append(b, k...)
+	b = strconv.AppendInt(b, int64(len(v)), 10)
+	b = append(b, ':')
+	return append(b, v...)
+}
+
+// appendBucketKey appends to b the key of bucket id m, the same as its
+// descriptor's key, without building the descriptor: a stream's known
+// buckets are found with it at every report. ok is false, and nothing is
+// appended, when m has no entries or more than maxEntries (then
+// newBucketDescriptor says what is wrong).
+func appendBucketKey(b []byte, m map[string]string) (_ []byte, ok bool) {
+	if len(m) == 0 || len(m) > maxEntries {
+		return b, false
+	}
+	var arr [maxEntries]string
+	keys := arr[:0]
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b = appendEntry(b, k, m[k])
+	}
+	return b, true
 }
 
 // String renders the descriptor as the RLS documentation writes one:

@@ -85,17 +85,22 @@ func (l *lease) give(now time.Time) (algo.Request, bool) {
 }
 
 // pending is one pooled bucket of a report waiting for the store: the
-// requests of its batch start at first.
+// requests of its batch start at take. A peek's are the reads of the two
+// announcements alone (its assignment is made already, from the leases
+// the member holds); the others' are the takes of the budget and of the
+// two announcements.
 type pending struct {
 	m      *member
+	peek   bool
 	qa     *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction
 	unit   typev3.RateLimitUnit
-	take   int    // index of the budget's take in the batch; the announcements' follow
+	take   int    // index in the batch of the budget's take (a peek's: the demand's read); the announcements' follow
 	target uint64 // what the take asks for
 	local  uint64 // the phase 1 assignment, sent if the store fails
 	key    []byte
 	limit  algo.Limit
 	ttl    time.Duration // the leases' TTL
+	renew  time.Duration // how much of it an assignment needs: renewBy is ttl-renew after the take
 	ival   time.Duration // the reporting interval the demand is announced per
 	akeys  [2][]byte     // the announcement keys: demand, streams
 }
@@ -144,4 +149,58 @@ func (sc *settleScratch) put() {
 	clear(sc.pend)
 	sc.batch, sc.pend = sc.batch[:0], sc.pend[:0]
 	sc.pool.Put(sc)
+}
+
+// renewAhead is how many reporting intervals a lease outlives the
+// assignment it backs, so that a stream whose share and demand hold still
+// renews its leases about every renewAhead+1 reports, not at every one.
+// The price: budget a replica that dies holds stays counted for as much
+// longer (docs/rlqs.md, across replicas).
+const renewAhead = 2
+
+// leaseTTL is the TTL of the leases backing assignments of TTL ttl to a
+// stream reporting every interval: what an assignment needs (its TTL and
+// the grace), renewAhead intervals more, and half an interval for reports
+// that come a little late.
+func leaseTTL(ttl, interval time.Duration) time.Duration {
+	return ttl + ledgerGrace + renewAhead*interval + interval/2
+}
+
+// unitSeconds is the length of an Envoy time unit in seconds.
+func unitSeconds(u typev3.RateLimitUnit) float64 {
+	for _, c := range envoyUnits {
+		if c.unit == u {
+			return c.d.Seconds()
+		}
+	}
+	return 1
+}
+
+// renewal reports whether member m must renew its leases at now to be
+// assigned its target (per unit) of a pool limit of limit, given its
+// demand (requests per unit, and per interval as announced). It must when
+//
+//   - its leases end too soon to back an assignment sent now, or are
+//     taken under another limit (the rules were reloaded);
+//   - it is hungry: it holds less than its target while its demand is at
+//     least 90% of what it holds, so it keeps asking at every report and
+//     takes what the others free as soon as they free it;
+//   - it holds more than its target by over a quarter: the excess goes
+//     back for the others to take;
+//   - its demand moved by over an eighth (and one request) from what it
+//     announced, so every replica's targets follow it.
+//
+// Otherwise it is assigned min(target, held) from the leases it holds:
+// safe, since they outlive the assignment, and without a store call.
+func (m *member) renewal(target, perInterval uint64, demandPerUnit float64, limit uint64, now time.Time) bool {
+	held, ann := m.leases[0], m.leases[1].hits
+	switch {
+	case !now.Before(m.renewBy), m.under != limit:
+		return true
+	case target > held.hits && demandPerUnit >= 0.9*float64(held.hits):
+		return true
+	case held.hits > target+target/4:
+		return true
+	}
+	return perInterval > ann+ann/8+1 || ann > perInterval+perInterval/8+1
 }

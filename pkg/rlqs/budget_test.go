@@ -1,6 +1,7 @@
 package rlqs_test
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -73,4 +74,103 @@ func TestReplicasShareOneBudget(t *testing.T) {
 		}
 	}
 	t.Fatalf("two intervals after a stream ended: the others hold %d, want about 100", sum(rest))
+}
+
+// TestSharesFollowDemandAcrossReplicas puts one simulated Envoy on each of
+// two replicas sharing one store and shifts their demand: the shares follow
+// it within a few intervals, although a stream whose share and demand hold
+// still renews its lease only every few reports, and the assignments of
+// both never sum to more than the limit.
+func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	store := memory.New(memory.Options{Now: clk.Now})
+	t.Cleanup(func() { store.Close() })
+	r1 := startOn(t, rlqs.Options{Budget: store}, clk)
+	r2 := startOn(t, rlqs.Options{Budget: store}, clk)
+	a, b := r1.sim(t), r2.sim(t)
+	clients := []*rlqssim.Client{a, b}
+	phases := []struct {
+		rates  []float64
+		reason string
+		ok     func(sa, sb uint64) bool
+	}{
+		{[]float64{160, 40}, "about 4:1 summing to about 100", func(sa, sb uint64) bool { return sa >= 3*sb && sa+sb >= 90 }},
+		{[]float64{40, 160}, "about 1:4 summing to about 100", func(sa, sb uint64) bool { return sb >= 3*sa && sa+sb >= 90 }},
+		{[]float64{0, 160}, "the floor (5) to the idle one, the rest to the busy one", func(sa, sb uint64) bool { return sa <= 5 && sb >= 90 }},
+	}
+	for _, ph := range phases {
+		settled := -1
+		for round := range 8 {
+			drive(t, r1, clients, ph.rates)
+			sa, sb := share(a), share(b)
+			if sa+sb > 100 {
+				t.Fatalf("demand %v, round %d: shares %d + %d exceed the limit 100", ph.rates, round, sa, sb)
+			}
+			if settled < 0 && ph.ok(sa, sb) {
+				settled = round + 1
+			}
+		}
+		sa, sb := share(a), share(b)
+		if settled < 0 || !ph.ok(sa, sb) {
+			t.Fatalf("demand %v across replicas: shares %d:%d after 8 intervals, want %s", ph.rates, sa, sb, ph.reason)
+		}
+		if settled > 5 {
+			t.Errorf("demand %v across replicas: shares settled after %d intervals, want at most 5", ph.rates, settled)
+		}
+		t.Logf("demand %v: shares %d:%d, settled within %d interval(s)", ph.rates, sa, sb, settled)
+	}
+}
+
+// TestBudgetNeverOversubscribed is a property test of the shared budget
+// with leases renewed lazily: two replicas, four Envoy slots, and for 80
+// intervals a random demand per Envoy (idle, steady, or shifting by steps),
+// now and then one Envoy leaving and a new one taking its place on a random
+// replica. At every interval the assignments in force on the connected
+// Envoys sum to at most the limit, and over the run they admit at most
+// L·T plus L for each limiter that started full.
+func TestBudgetNeverOversubscribed(t *testing.T) {
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 17))
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	store := memory.New(memory.Options{Now: clk.Now})
+	t.Cleanup(func() { store.Close() })
+	replicas := []*fixture{startOn(t, rlqs.Options{Budget: store}, clk), startOn(t, rlqs.Options{Budget: store}, clk)}
+	clients := make([]*rlqssim.Client, 4)
+	for i := range clients {
+		clients[i] = replicas[i%2].sim(t)
+	}
+	rates := make([]float64, len(clients))
+	const rounds, limit = 80, 100
+	total, starts := 0, len(clients)
+	for round := range rounds {
+		for i := range rates {
+			switch rng.IntN(6) {
+			case 0:
+				rates[i] = 0
+			case 1:
+				rates[i] = float64(rng.IntN(300))
+			}
+		}
+		if rng.IntN(8) == 0 {
+			i := rng.IntN(len(clients))
+			clients[i].Close()
+			clients[i] = replicas[rng.IntN(2)].sim(t)
+			starts++
+		}
+		for _, n := range drive(t, replicas[0], clients, rates) {
+			total += n
+		}
+		var sum uint64
+		for _, c := range clients {
+			sum += share(c)
+		}
+		if sum > limit {
+			t.Fatalf("seed %d, interval %d: assignments in force sum to %d, over %d (rates %v)", seed, round, sum, limit, rates)
+		}
+	}
+	if bound := limit*rounds + limit*starts; total > bound {
+		t.Fatalf("seed %d: admitted %d in %d s, over the bound %d", seed, total, rounds, bound)
+	}
+	t.Logf("admitted %d in %d s (limit %d/s), %d Envoys started", total, rounds, limit, starts)
 }

@@ -181,7 +181,8 @@ func (s *Server) Register(gs grpc.ServiceRegistrar) {
 
 // stream is the state of one StreamRateLimitQuotas call. Only its own
 // goroutine touches domain and sends on the stream; buckets is guarded by
-// Server.mu.
+// Server.mu, but only its own goroutine changes it, so that goroutine may
+// read it without the lock.
 type stream struct {
 	id      uint64
 	domain  string
@@ -415,17 +416,29 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 	descs := make([]bucketDescriptor, len(usages))
 	keys := make([]string, len(usages))
 	index := make(map[string]int, len(usages))
+	var kb []byte
 	for i, u := range usages {
-		d, err := newBucketDescriptor(u.GetBucketId().GetBucket())
-		if err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: %v", i, err)
+		id := u.GetBucketId().GetBucket()
+		// A bucket the stream holds was checked when it was first
+		// reported: it is found by its key, without a new descriptor.
+		var ok bool
+		if kb, ok = appendBucketKey(kb[:0], id); ok {
+			if b := ss.buckets[string(kb)]; b != nil {
+				descs[i], keys[i] = b.desc, b.key
+			}
+		}
+		if descs[i] == nil {
+			d, err := newBucketDescriptor(id)
+			if err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: %v", i, err)
+			}
+			descs[i], keys[i] = d, d.key()
 		}
 		if te := u.GetTimeElapsed(); te != nil && (te.CheckValid() != nil || te.AsDuration() < 0) {
 			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: time_elapsed %v is not a duration of 0 or more", i, te)
 		}
-		descs[i], keys[i] = d, d.key()
 		if j, dup := index[keys[i]]; dup {
-			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: bucket_id %v repeats bucket_quota_usages[%d]; report each bucket once", i, d, j)
+			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: bucket_id %v repeats bucket_quota_usages[%d]; report each bucket once", i, descs[i], j)
 		}
 		index[keys[i]] = i
 	}
@@ -540,8 +553,14 @@ func (s *Server) settle(batch []algo.Request, pend []pending) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range pend {
+		if p.peek {
+			if err == nil {
+				p.m.gDemand, p.m.gCount = estimate(out[p.take], out[p.take+1], p.ival)
+			}
+			continue
+		}
 		a := p.local
-		p.m.leases = [3]lease{}
+		p.m.leases, p.m.renewBy = [3]lease{}, time.Time{}
 		if err == nil {
 			a = out[p.take].Taken
 			keys := [3][]byte{p.key, p.akeys[0], p.akeys[1]}
@@ -555,6 +574,14 @@ func (s *Server) settle(batch []algo.Request, pend []pending) {
 				}
 			}
 			p.m.gDemand, p.m.gCount = estimate(out[p.take+1], out[p.take+2], p.ival)
+			// Renewed once what a lease has left no longer covers an
+			// assignment sent then (its TTL and the grace).
+			p.m.renewBy, p.m.under = sent.Add(p.ttl-p.renew), p.limit.Requests
+			for _, l := range p.m.leases {
+				if l.hits > 0 && l.end.Add(-p.renew).Before(p.m.renewBy) {
+					p.m.renewBy = l.end.Add(-p.renew)
+				}
+			}
 		}
 		p.m.assigned = a
 		p.qa.RateLimitStrategy = p.m.strategy(a, p.unit)
@@ -625,6 +652,19 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 	// stays right if the store fails; settle replaces it.
 	local := p.assign(ss.id, s.opts.FloorFraction, now, until)
 	target := p.target(ss.id, s.opts.FloorFraction, now, m.gCount, m.gDemand)
+	perInterval := uint64(math.Ceil(m.demand * b.interval.Seconds()))
+	if !m.renewal(target, perInterval, m.demand*unitSeconds(unit), limit, now) {
+		// The leases back an assignment of up to what they hold for longer
+		// than its TTL: it is sent without a take. The announcements are
+		// only read, so that the next target counts streams and demand
+		// that appeared on other replicas meanwhile.
+		a := min(target, m.leases[0].hits)
+		m.assigned = a
+		peek := func(k []byte) algo.Request { return algo.Request{Key: k, Limit: announceLimit(), Peek: true} }
+		*pend = append(*pend, pending{m: m, peek: true, take: len(*batch), ival: b.interval})
+		*batch = append(*batch, peek(p.keys[1]), peek(p.keys[2]))
+		return m.strategy(a, unit)
+	}
 	// The previous leases go back in the same atomic call, before the
 	// takes: a stream re-takes what it held, plus what is free.
 	s.giveBack(m, now, batch)
@@ -636,9 +676,8 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		p.keysLimit = limit
 	}
 	pe := pending{m: m, qa: qa, unit: unit, take: len(*batch), target: target, local: local,
-		key: p.keys[0], limit: bl, ttl: ttl + ledgerGrace, ival: b.interval,
+		key: p.keys[0], limit: bl, ttl: leaseTTL(ttl, b.interval), renew: ttl + ledgerGrace, ival: b.interval,
 		akeys: [2][]byte{p.keys[1], p.keys[2]}}
-	perInterval := uint64(math.Ceil(m.demand * b.interval.Seconds()))
 	take := func(k []byte, l algo.Limit, n uint64) algo.Request {
 		return algo.Request{Key: k, Limit: l, Op: algo.OpTake, Lease: algo.Lease{Max: n, Share: 1, TTL: pe.ttl}}
 	}

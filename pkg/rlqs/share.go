@@ -80,6 +80,10 @@ type member struct {
 	// showed (0 before the first).
 	leases          [3]lease // hits 0: none
 	gDemand, gCount float64
+	// renewBy is when the leases must be taken again, before the first of
+	// them ends too soon to back an assignment (zero: at the next report).
+	renewBy time.Time
+	under   uint64 // the pool limit the leases were taken under
 	// sent is the strategy last made for the member: reused, unchanged,
 	// while the assignment stays the same (only the member's stream sends
 	// it, one response at a time).
