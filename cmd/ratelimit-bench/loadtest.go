@@ -360,7 +360,7 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 		lt.stop(mem)
 	}
 	if c.Groups[groupRLQS] {
-		if lt.rlqsRows, err = lt.rlqsGroup(ctx, redisAddr); err != nil {
+		if lt.rlqsRows, err = lt.rlqsGroup(ctx, redis, redisAddr); err != nil {
 			return nil, err
 		}
 	}

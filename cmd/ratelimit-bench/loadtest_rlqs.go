@@ -355,6 +355,10 @@ type rlqsRow struct {
 	// bucket assigned.
 	ServerCores, ServerPerReport, ServerPerBucket float64
 	BenchCores, BenchPerReport                    float64
+	// The CPU of the store the budget is held in (Redis), in cores and
+	// CPU-µs per bucket assigned; negative when the server's own memory
+	// holds it.
+	StoreCores, StorePerBucket float64
 	// The server's memory in bytes, negative when not read, and what it
 	// grew by from idle per stream and per stream-bucket.
 	RSS, RSSIdle, Heap, HeapIdle     int64
@@ -370,7 +374,7 @@ type rlqsMemory struct{ RSSIdle, RSS, HeapIdle, Heap int64 }
 // rlqsRowOf makes a table row of what the streams saw over elapsed, with
 // the CPU time of the server and of the generator over it and the
 // server's memory.
-func rlqsRowOf(name string, c rlqsConfig, share int, stats []*rlqsStats, elapsed time.Duration, serverCPU, benchCPU time.Duration, m rlqsMemory) rlqsRow {
+func rlqsRowOf(name string, c rlqsConfig, share int, stats []*rlqsStats, elapsed time.Duration, serverCPU, benchCPU, storeCPU time.Duration, m rlqsMemory) rlqsRow {
 	var lat histogram
 	var reports, buckets, short, abandoned, unanswered, skipped uint64
 	errs := map[string]uint64{}
@@ -389,6 +393,7 @@ func rlqsRowOf(name string, c rlqsConfig, share int, stats []*rlqsStats, elapsed
 	row := rlqsRow{
 		Name: name, Streams: c.Streams, Buckets: c.Buckets, Share: share,
 		P50: -1, P99: -1, P999: -1, ServerCores: -1, ServerPerReport: -1, ServerPerBucket: -1, BenchCores: -1, BenchPerReport: -1,
+		StoreCores: -1, StorePerBucket: -1,
 		RSS: m.RSS, RSSIdle: m.RSSIdle, Heap: m.Heap, HeapIdle: m.HeapIdle,
 		RSSPerStream: -1, RSSPerStreamBucket: -1, HeapPerStreamBucket: -1,
 	}
@@ -399,6 +404,9 @@ func rlqsRowOf(name string, c rlqsConfig, share int, stats []*rlqsStats, elapsed
 		}
 		if benchCPU >= 0 {
 			row.BenchCores = benchCPU.Seconds() / s
+		}
+		if storeCPU >= 0 {
+			row.StoreCores = storeCPU.Seconds() / s
 		}
 	}
 	if reports > 0 {
@@ -412,6 +420,9 @@ func rlqsRowOf(name string, c rlqsConfig, share int, stats []*rlqsStats, elapsed
 	}
 	if buckets > 0 && serverCPU >= 0 {
 		row.ServerPerBucket = micros(serverCPU) / float64(buckets)
+	}
+	if buckets > 0 && storeCPU >= 0 {
+		row.StorePerBucket = micros(storeCPU) / float64(buckets)
 	}
 	held := float64(c.Streams) * float64(c.Buckets) // stream-buckets the server holds
 	if m.RSS >= 0 && m.RSSIdle >= 0 {
@@ -462,8 +473,8 @@ func writeRLQSTable(w io.Writer, rows []rlqsRow) {
 	cores := func(v float64) string { return fmt.Sprintf("%.2f", v) }
 	mb := func(v float64) string { return fmt.Sprintf("%.1f MB", v/1e6) }
 	bytes := func(v float64) string { return num(v) + " B" }
-	fmt.Fprintln(w, "| RLQS scenario | reports/s | buckets/s | p50 | p99 | p99.9 | server CPU (cores) | server CPU-µs/report | server CPU-µs/bucket | generator CPU (cores) | server RSS (idle) | RSS/stream | RSS/stream-bucket | Go heap in use (idle) | heap/stream-bucket |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| RLQS scenario | reports/s | buckets/s | p50 | p99 | p99.9 | server CPU (cores) | server CPU-µs/report | server CPU-µs/bucket | Redis CPU (cores) | Redis CPU-µs/bucket | generator CPU (cores) | server RSS (idle) | RSS/stream | RSS/stream-bucket | Go heap in use (idle) | heap/stream-bucket |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rows {
 		rss, heap := "–", "–"
 		if r.RSS >= 0 {
@@ -472,9 +483,10 @@ func writeRLQSTable(w io.Writer, rows []rlqsRow) {
 		if r.Heap >= 0 {
 			heap = fmt.Sprintf("%s (%s)", mb(float64(r.Heap)), cell(float64(r.HeapIdle), mb))
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Name,
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Name,
 			num(r.ReportsPerS), num(r.BucketsPerS), cell(r.P50, us), cell(r.P99, us), cell(r.P999, us),
-			cell(r.ServerCores, cores), cell(r.ServerPerReport, cpu), cell(r.ServerPerBucket, cpu), cell(r.BenchCores, cores),
+			cell(r.ServerCores, cores), cell(r.ServerPerReport, cpu), cell(r.ServerPerBucket, cpu),
+			cell(r.StoreCores, cores), cell(r.StorePerBucket, cpu), cell(r.BenchCores, cores),
 			rss, cell(r.RSSPerStream, bytes), cell(r.RSSPerStreamBucket, bytes), heap, cell(r.HeapPerStreamBucket, bytes))
 	}
 	fmt.Fprintln(w)
@@ -582,11 +594,11 @@ func httpAddrOf(ch *child) string {
 // each on a ratelimitd of its own (-rlqs), so that its memory is the
 // scenario's. With the redis backend, the budget the streams share is in
 // the Redis at redisAddr.
-func (lt *loadtest) rlqsGroup(ctx context.Context, redisAddr string) ([]rlqsRow, error) {
+func (lt *loadtest) rlqsGroup(ctx context.Context, redis *child, redisAddr string) ([]rlqsRow, error) {
 	var rows []rlqsRow
 	for _, backend := range lt.cfg.RLQS.Backends {
 		for _, share := range lt.cfg.RLQS.Share {
-			row, err := lt.rlqsScenario(ctx, backend, redisAddr, share)
+			row, err := lt.rlqsScenario(ctx, backend, redis, redisAddr, share)
 			if err != nil {
 				return nil, err
 			}
@@ -597,8 +609,9 @@ func (lt *loadtest) rlqsGroup(ctx context.Context, redisAddr string) ([]rlqsRow,
 }
 
 // rlqsScenario measures the streams of -rlqs-streams, share of them
-// reporting each bucket, against a new ratelimitd on backend.
-func (lt *loadtest) rlqsScenario(ctx context.Context, backend, redisAddr string, share int) (rlqsRow, error) {
+// reporting each bucket, against a new ratelimitd on backend (with
+// redis, the one at redisAddr, whose CPU is measured too).
+func (lt *loadtest) rlqsScenario(ctx context.Context, backend string, redis *child, redisAddr string, share int) (rlqsRow, error) {
 	c := lt.cfg
 	rc := c.RLQS
 	name := fmt.Sprintf("ratelimitd -rlqs, %s: %s streams × %s buckets, %s stream(s) per bucket", backend, num(float64(rc.Streams)), num(float64(rc.Buckets)), num(float64(share)))
@@ -643,8 +656,8 @@ func (lt *loadtest) rlqsScenario(ctx context.Context, backend, redisAddr string,
 	// The CPU times at start and end, and the memory at end, are taken
 	// while the streams run.
 	type sample struct {
-		server, bench uint64
-		at            time.Time
+		server, bench, store uint64
+		at                   time.Time
 	}
 	var before, after sample
 	var sampleErr error
@@ -652,6 +665,9 @@ func (lt *loadtest) rlqsScenario(ctx context.Context, backend, redisAddr string,
 	go func() {
 		defer close(sampled)
 		all := []proc{{Name: "ratelimitd", PID: srv.pid()}, {Name: "ratelimit-bench", PID: os.Getpid()}}
+		if backend == "redis" {
+			all = append(all, proc{Name: "redis", PID: redis.pid()})
+		}
 		for i, at := range []time.Time{start, end} {
 			select {
 			case <-time.After(time.Until(at)):
@@ -665,6 +681,9 @@ func (lt *loadtest) rlqsScenario(ctx context.Context, backend, redisAddr string,
 				return
 			}
 			taken := sample{server: s[0], bench: s[1], at: time.Now()}
+			if len(s) > 2 {
+				taken.store = s[2]
+			}
 			if i == 0 {
 				before = taken
 				continue
@@ -685,11 +704,15 @@ func (lt *loadtest) rlqsScenario(ctx context.Context, backend, redisAddr string,
 		return rlqsRow{}, fmt.Errorf("%s: CPU time: %w", name, sampleErr)
 	}
 	hz, _ := clockTicks()
+	storeCPU := time.Duration(-1)
+	if backend == "redis" {
+		storeCPU = ticksToDuration(after.store-before.store, hz)
+	}
 	row := rlqsRowOf(name, rc, share, stats, after.at.Sub(before.at),
-		ticksToDuration(after.server-before.server, hz), ticksToDuration(after.bench-before.bench, hz), memory)
+		ticksToDuration(after.server-before.server, hz), ticksToDuration(after.bench-before.bench, hz), storeCPU, memory)
 	if httpAddr == "" {
 		row.Notes = append(row.Notes, "no Go heap: the server's HTTP address was not in its log")
 	}
-	lt.logf("  %s reports/s, %s buckets/s, p50 %s, p99 %s, server %.2f cores", num(row.ReportsPerS), num(row.BucketsPerS), us(row.P50), us(row.P99), row.ServerCores)
+	lt.logf("  %s reports/s, %s buckets/s, p50 %s, p99 %s, server %.2f cores, Redis %.2f cores", num(row.ReportsPerS), num(row.BucketsPerS), us(row.P50), us(row.P99), row.ServerCores, max(row.StoreCores, 0))
 	return row, nil
 }

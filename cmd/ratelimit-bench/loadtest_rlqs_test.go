@@ -169,9 +169,12 @@ func TestRLQSRow(t *testing.T) {
 	}
 	stats[0].short, stats[1].unanswered, stats[1].skipped = 1, 2, 3
 	m := rlqsMemory{RSSIdle: 20e6, RSS: 24e6, HeapIdle: 3e6, Heap: 5e6}
-	row := rlqsRowOf("rlqs", c, 2, stats, 10*time.Second, 200*time.Millisecond, 100*time.Millisecond, m)
+	row := rlqsRowOf("rlqs", c, 2, stats, 10*time.Second, 200*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond, m)
 	if row.ReportsPerS != 4 || row.BucketsPerS != 40 || row.ServerCores != 0.02 || row.ServerPerReport != 5000 || row.ServerPerBucket != 500 || row.BenchCores != 0.01 || row.BenchPerReport != 2500 {
 		t.Errorf("row %+v: want 4 reports/s, 40 buckets/s, 0.02 cores, 5,000 and 500 CPU-µs per report and bucket, generator 0.01 cores and 2,500 µs per report", row)
+	}
+	if row.StoreCores != 0.005 || row.StorePerBucket != 125 {
+		t.Errorf("store %v cores, %v CPU-µs per bucket: want 0.005 and 125", row.StoreCores, row.StorePerBucket)
 	}
 	if row.RSSPerStream != 1e6 || row.RSSPerStreamBucket != 1e5 || row.HeapPerStreamBucket != 5e4 {
 		t.Errorf("memory %+v: want 1 MB RSS per stream, 100 kB per stream-bucket, heap 50 kB per stream-bucket", row)
@@ -189,14 +192,14 @@ func TestRLQSRow(t *testing.T) {
 		t.Errorf("4 reports/s of 4 streams every 1s is not behind: %s", notes)
 	}
 
-	none := rlqsRowOf("none", c, 1, []*rlqsStats{{errors: map[string]uint64{}}}, 10*time.Second, time.Second, -1, rlqsMemory{RSS: -1, RSSIdle: -1, Heap: -1, HeapIdle: -1})
-	if none.P50 != -1 || none.ServerPerReport != -1 || none.BenchCores != -1 || none.RSSPerStream != -1 || none.HeapPerStreamBucket != -1 || !strings.Contains(strings.Join(none.Notes, "\n"), "falls behind") {
+	none := rlqsRowOf("none", c, 1, []*rlqsStats{{errors: map[string]uint64{}}}, 10*time.Second, time.Second, -1, -1, rlqsMemory{RSS: -1, RSSIdle: -1, Heap: -1, HeapIdle: -1})
+	if none.P50 != -1 || none.ServerPerReport != -1 || none.StoreCores != -1 || none.BenchCores != -1 || none.RSSPerStream != -1 || none.HeapPerStreamBucket != -1 || !strings.Contains(strings.Join(none.Notes, "\n"), "falls behind") {
 		t.Errorf("no report answered: %+v", none)
 	}
 
 	var out bytes.Buffer
 	writeRLQSTable(&out, []rlqsRow{row, none})
-	for _, want := range []string{"| RLQS scenario | reports/s | buckets/s |", "| rlqs | 4 | 40 | 1.02ms |", "| 0.02 | 5000.0 | 500.0 | 0.01 |", "| 24.0 MB (20.0 MB) | 1,000,000 B | 100,000 B | 5.0 MB (3.0 MB) | 50,000 B |", "| none | 0 | 0 | – | – | – |", "- none: "} {
+	for _, want := range []string{"| RLQS scenario | reports/s | buckets/s |", "| rlqs | 4 | 40 | 1.02ms |", "| 0.02 | 5000.0 | 500.0 | 0.01 | 125.0 | 0.01 |", "| 24.0 MB (20.0 MB) | 1,000,000 B | 100,000 B | 5.0 MB (3.0 MB) | 50,000 B |", "| none | 0 | 0 | – | – | – |", "- none: "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table\n%s\nwant %q", out.String(), want)
 		}

@@ -19,7 +19,7 @@ import (
 )
 
 // reportAlice opens a simulated Envoy's stream to p in domain posts, has
-// it count a request of bucket {user_id: alice} and report it once.
+// it count 20 requests of bucket {user_id: alice} and report them once.
 func reportAlice(t *testing.T, p *inProcess) (*rlqssim.Client, map[string]string) {
 	t.Helper()
 	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -33,7 +33,11 @@ func reportAlice(t *testing.T, p *inProcess) (*rlqssim.Client, map[string]string
 	}
 	t.Cleanup(func() { c.Close() })
 	bucket := map[string]string{"user_id": "alice"}
-	c.Allow(bucket)
+	// Demand well over any limit of the tests, so that Alice is assigned
+	// the whole limit, not twice her demand (rlqs.Options.Headroom).
+	for range 20 {
+		c.Allow(bucket)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	if err := c.Report(ctx); err != nil {
@@ -55,7 +59,7 @@ func TestServeRLQS(t *testing.T) {
 	for _, want := range []string{
 		"ratelimitd_rlqs_streams 1\n", "ratelimitd_rlqs_buckets 1\n", "ratelimitd_rlqs_reports_total 1\n",
 		`ratelimitd_rlqs_assignments_total{kind="rate"} 1` + "\n", `ratelimitd_rlqs_assignments_total{kind="abandon"} 0` + "\n",
-		`ratelimitd_rlqs_rule_usage{domain="posts",rule="posts.user_id"} 1` + "\n",
+		`ratelimitd_rlqs_rule_usage{domain="posts",rule="posts.user_id"} 20` + "\n",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q:\n%s", want, grepLines(m, "ratelimitd_rlqs_"))

@@ -79,8 +79,8 @@ func TestReplicasShareOneBudget(t *testing.T) {
 // TestSharesFollowDemandAcrossReplicas puts one simulated Envoy on each of
 // two replicas sharing one store and shifts their demand: the shares follow
 // it within a few intervals, although a stream whose share and demand hold
-// still renews its lease only every few reports, and the assignments of
-// both never sum to more than the limit.
+// renews its lease only every few reports, and the assignments of both
+// never sum to more than the limit.
 func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	store := memory.New(memory.Options{Now: clk.Now})
@@ -114,17 +114,21 @@ func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 		if settled < 0 || !ph.ok(sa, sb) {
 			t.Fatalf("demand %v across replicas: shares %d:%d after 8 intervals, want %s", ph.rates, sa, sb, ph.reason)
 		}
-		if settled > 5 {
-			t.Errorf("demand %v across replicas: shares settled after %d intervals, want at most 5", ph.rates, settled)
+		// A swap of demand moves the smoothed demands half-way per report,
+		// each replica sees the other's one report late, and a stream
+		// gives back what it holds over its target only past a quarter.
+		if settled > 6 {
+			t.Errorf("demand %v across replicas: shares settled after %d intervals, want at most 6", ph.rates, settled)
 		}
 		t.Logf("demand %v: shares %d:%d, settled within %d interval(s)", ph.rates, sa, sb, settled)
 	}
 }
 
-// TestBudgetNeverOversubscribed is a property test of the shared budget
-// with leases renewed lazily: two replicas, four Envoy slots, and for 80
-// intervals a random demand per Envoy (idle, steady, or shifting by steps),
-// now and then one Envoy leaving and a new one taking its place on a random
+// TestBudgetNeverOversubscribed is a property test of the shared budget:
+// three replicas, six Envoy slots, and for 80 intervals a random demand
+// per Envoy (idle, steady, or shifting by steps between a few requests,
+// which leaves the budget plentiful, and more than the limit), now and
+// then one Envoy leaving and a new one taking its place on a random
 // replica. At every interval the assignments in force on the connected
 // Envoys sum to at most the limit, and over the run they admit at most
 // L·T plus L for each limiter that started full.
@@ -135,27 +139,29 @@ func TestBudgetNeverOversubscribed(t *testing.T) {
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
-	replicas := []*fixture{startOn(t, rlqs.Options{Budget: store}, clk), startOn(t, rlqs.Options{Budget: store}, clk)}
-	clients := make([]*rlqssim.Client, 4)
+	replicas := []*fixture{startOn(t, rlqs.Options{Budget: store}, clk), startOn(t, rlqs.Options{Budget: store}, clk), startOn(t, rlqs.Options{Budget: store}, clk)}
+	clients := make([]*rlqssim.Client, 6)
 	for i := range clients {
-		clients[i] = replicas[i%2].sim(t)
+		clients[i] = replicas[i%len(replicas)].sim(t)
 	}
 	rates := make([]float64, len(clients))
 	const rounds, limit = 80, 100
 	total, starts := 0, len(clients)
 	for round := range rounds {
 		for i := range rates {
-			switch rng.IntN(6) {
+			switch rng.IntN(8) {
 			case 0:
 				rates[i] = 0
 			case 1:
-				rates[i] = float64(rng.IntN(300))
+				rates[i] = float64(rng.IntN(300)) // the budget contended
+			case 2:
+				rates[i] = float64(rng.IntN(15)) // plentiful, unless the others want it
 			}
 		}
 		if rng.IntN(8) == 0 {
 			i := rng.IntN(len(clients))
 			clients[i].Close()
-			clients[i] = replicas[rng.IntN(2)].sim(t)
+			clients[i] = replicas[rng.IntN(len(replicas))].sim(t)
 			starts++
 		}
 		for _, n := range drive(t, replicas[0], clients, rates) {

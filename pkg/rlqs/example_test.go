@@ -84,7 +84,7 @@ func TestExampleFilterConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := start(t, rlqs.Options{Rules: func() *config.Rules { return rules }})
+	f := start(t, rlqs.Options{Rules: func() *config.Rules { return rules }, Headroom: wholeShare})
 	for i, ex := range examples {
 		if !maps.Equal(built[i], ex.pattern) {
 			t.Errorf("builder %d builds %v, the documentation says %v", i, built[i], ex.pattern)

@@ -56,7 +56,7 @@ func recvWithin(t *testing.T, st interface {
 func TestReloadPushesChangedAssignments(t *testing.T) {
 	var rules reloadable
 	rules.set(t, rulesYAML)
-	f := start(t, rlqs.Options{Rules: rules.get})
+	f := start(t, rlqs.Options{Rules: rules.get, Headroom: wholeShare})
 	st := f.rawStream(t)
 	resp, err := exchange(t, st, "quota", usage(10, 0, "name", "acme", "route", "/pay"), usage(1, 0, "name", "bigcorp"))
 	if err != nil || len(resp.BucketAction) != 2 {
@@ -96,7 +96,7 @@ func TestReloadPushesChangedAssignments(t *testing.T) {
 func TestReloadMovesBucketsBetweenRules(t *testing.T) {
 	var rules reloadable
 	rules.set(t, rulesYAML)
-	f := start(t, rlqs.Options{Rules: rules.get})
+	f := start(t, rlqs.Options{Rules: rules.get, Headroom: wholeShare})
 	st := f.rawStream(t)
 	if _, err := exchange(t, st, "quota", usage(10, 0, "name", "acme", "route", "/pay")); err != nil {
 		t.Fatal(err)
@@ -126,7 +126,7 @@ func TestReloadPushWithBudget(t *testing.T) {
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
-	f := startOn(t, rlqs.Options{Rules: rules.get, Budget: store}, clk)
+	f := startOn(t, rlqs.Options{Rules: rules.get, Budget: store, Headroom: wholeShare}, clk)
 	c := f.sim(t)
 	c.Allow(acmeBucket)
 	if err := c.Report(ctxT(t)); err != nil {

@@ -20,7 +20,6 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
-	"github.com/ratelimitd/ratelimitd/pkg/key"
 )
 
 // Defaults of [Options].
@@ -31,6 +30,7 @@ const (
 	DefaultMaxStreamBuckets  = 10000
 	DefaultFloorFraction     = 0.1
 	DefaultSmoothing         = 0.5
+	DefaultHeadroom          = 2
 	DefaultBudgetTimeout     = time.Second
 	maxDomainLen             = 255
 	// ledgerGrace is how long after an assignment's TTL the server still
@@ -72,6 +72,13 @@ type Options struct {
 	// sharing it, whatever their demand; the rest follows demand. Default
 	// 0.1; 1 splits the limit evenly.
 	FloorFraction float64
+	// Headroom caps a stream's share at Headroom times its demand (but
+	// never below its floor), so that budget a stream does not use stays
+	// free for the others to take at once, and a stream whose traffic
+	// grows gets more at its next report. Default 2: a bucket's traffic
+	// may double between two reports before Envoy refuses any of it.
+	// +Inf assigns every stream its whole share, whatever its demand.
+	Headroom float64
 	// Smoothing is the weight of the latest report in a stream's demand
 	// (an exponential average). Default 0.5: a shift of demand shows in
 	// the shares after one report and is mostly absorbed after two or three.
@@ -99,6 +106,7 @@ type Server struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
 
 	opts    Options
+	pol     policy
 	allow   *typev3.RateLimitStrategy
 	deny    *typev3.RateLimitStrategy
 	mu      sync.Mutex
@@ -144,6 +152,12 @@ func New(opts Options) (*Server, error) {
 	case opts.Smoothing < 0 || opts.Smoothing > 1:
 		return nil, fmt.Errorf("rlqs: Options.Smoothing %v is outside (0, 1]", opts.Smoothing)
 	}
+	switch {
+	case opts.Headroom == 0:
+		opts.Headroom = DefaultHeadroom
+	case !(opts.Headroom >= 1):
+		return nil, fmt.Errorf("rlqs: Options.Headroom %v is below 1: a stream would be assigned less than it uses", opts.Headroom)
+	}
 	if opts.BudgetTimeout <= 0 {
 		opts.BudgetTimeout = DefaultBudgetTimeout
 	}
@@ -155,6 +169,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts:    opts,
+		pol:     policy{floor: opts.FloorFraction, headroom: opts.Headroom},
 		allow:   blanket(typev3.RateLimitStrategy_ALLOW_ALL),
 		deny:    blanket(typev3.RateLimitStrategy_DENY_ALL),
 		pools:   make(map[poolKey]*pool),
@@ -338,7 +353,7 @@ func (s *Server) reassess(ss *stream) *rlqsv3.RateLimitQuotaResponse {
 	now := s.opts.Now()
 	var resp *rlqsv3.RateLimitQuotaResponse
 	var batch []algo.Request
-	var pend []pending
+	var calls []call
 	s.mu.Lock()
 	for _, b := range ss.buckets {
 		var r *config.Rule
@@ -352,11 +367,11 @@ func (s *Server) reassess(ss *stream) *rlqsv3.RateLimitQuotaResponse {
 		if resp == nil {
 			resp = &rlqsv3.RateLimitQuotaResponse{}
 		}
-		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, -1, now, &batch, &pend))
+		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, -1, now, &batch, &calls))
 	}
 	s.mu.Unlock()
 	if len(batch) > 0 {
-		s.settle(batch, pend)
+		s.settle(batch, calls)
 	}
 	return resp
 }
@@ -372,13 +387,10 @@ func refOf(ss *stream, r *config.Rule) ruleRef {
 // assignment returns the quota assignment action of bucket b under rule r
 // (nil: none), given the rate its report showed, or -1 for a push without
 // a report. Called with s.mu held; with a Budget, settle completes it.
-func (s *Server) assignment(ss *stream, b *streamBucket, r *config.Rule, rate float64, now time.Time, batch *[]algo.Request, pend *[]pending) *rlqsv3.RateLimitQuotaResponse_BucketAction {
-	ttl := s.opts.AssignmentTTL
-	if ttl <= 0 {
-		ttl = 2 * b.interval
-	}
+func (s *Server) assignment(ss *stream, b *streamBucket, r *config.Rule, rate float64, now time.Time, batch *[]algo.Request, calls *[]call) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	ttl := s.ttl(b.interval)
 	qa := &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{AssignmentTimeToLive: durationpb.New(ttl)}
-	qa.RateLimitStrategy = s.decide(ss, b, r, rate, now, ttl, qa, batch, pend)
+	qa.RateLimitStrategy = s.decide(ss, b, r, rate, now, ttl, qa, batch, calls)
 	return &rlqsv3.RateLimitQuotaResponse_BucketAction{
 		BucketId:     b.id,
 		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: qa},
@@ -470,14 +482,14 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		return nil, status.Errorf(codes.ResourceExhausted, "the stream would hold %d buckets: at most %d are accepted per stream", len(ss.buckets)+added, s.opts.MaxStreamBuckets)
 	}
 	var batch []algo.Request // with a Budget: gives, then takes and announcements
-	var pend []pending
+	var calls []call
 	if s.opts.Budget != nil {
 		// At most three gives and three takes per bucket, in space reused
 		// from report to report.
 		sc := getSettleScratch(&s.scratch, len(usages))
 		defer sc.put()
-		batch, pend = sc.batch, sc.pend
-		defer func() { sc.batch, sc.pend = batch, pend }()
+		batch, calls = sc.batch, sc.calls
+		defer func() { sc.batch, sc.calls = batch, calls }()
 	}
 	for i, u := range usages {
 		b := ss.buckets[keys[i]]
@@ -508,7 +520,7 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 			r = dom.Match(b.desc)
 		}
 		s.track(b, refOf(ss, r), float64(u.GetNumRequestsAllowed())/elapsed.Seconds())
-		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, rate, now, &batch, &pend))
+		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, rate, now, &batch, &calls))
 	}
 	// Buckets the stream stopped reporting are abandoned.
 	for k, b := range ss.buckets {
@@ -517,7 +529,7 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 				BucketId:     b.id,
 				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
 			})
-			s.detach(ss, b, now, &batch)
+			s.detach(ss, b, now, &batch, &calls)
 			s.track(b, ruleRef{}, 0)
 			delete(ss.buckets, k)
 			s.counts.buckets--
@@ -525,7 +537,7 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 	}
 	s.mu.Unlock()
 	if len(batch) > 0 {
-		s.settle(batch, pend)
+		s.settle(batch, calls)
 	}
 	return resp, nil
 }
@@ -534,11 +546,13 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 // keep every core and a remote store's round trips busy.
 func maxBusy() int { return max(8, 4*runtime.GOMAXPROCS(0)) }
 
-// settle sends one report's budget batch to the store and fills in the
-// assignments waiting for it: each is what its take got. When the store
-// fails, each is the phase 1 assignment (this replica's streams share the
-// limit among themselves), and the failure is logged.
-func (s *Server) settle(batch []algo.Request, pend []pending) {
+// settle sends a budget batch to the store and records each pool's
+// answer; a renewal's member is assigned out of the lease it took. When
+// the store fails, that member is assigned as without a Budget (this
+// replica's streams share the limit among themselves), and the failure is
+// logged. What a call took for a pool that lost its last member meanwhile
+// goes back at once.
+func (s *Server) settle(batch []algo.Request, calls []call) {
 	sc := getSettleScratch(&s.scratch, 0)
 	defer sc.put()
 	out := append(sc.out[:0], make([]algo.Decision, len(batch))...)
@@ -550,41 +564,27 @@ func (s *Server) settle(batch []algo.Request, pend []pending) {
 	if err != nil {
 		s.opts.Logger.Warn("rlqs budget store failed: assigning this replica's share of the limits alone until it answers", "error", err)
 	}
+	var gives []algo.Request
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range pend {
-		if p.peek {
-			if err == nil {
-				p.m.gDemand, p.m.gCount = estimate(out[p.take], out[p.take+1], p.ival)
-			}
+	for i := range calls {
+		c := &calls[i]
+		gives = c.settle(out, err, sent, gives)
+		if c.read || c.m == nil {
 			continue
 		}
-		a := p.local
-		p.m.leases, p.m.renewBy = [3]lease{}, time.Time{}
-		if err == nil {
-			a = out[p.take].Taken
-			keys := [3][]byte{p.key, p.akeys[0], p.akeys[1]}
-			for i := range p.m.leases {
-				if d := out[p.take+i]; d.Taken > 0 {
-					l := p.limit
-					if i > 0 {
-						l = announceLimit()
-					}
-					p.m.leases[i] = lease{key: keys[i], limit: l, hits: d.Taken, mark: d.Mark, end: sent.Add(d.Valid)}
-				}
-			}
-			p.m.gDemand, p.m.gCount = estimate(out[p.take+1], out[p.take+2], p.ival)
-			// Renewed once what a lease has left no longer covers an
-			// assignment sent then (its TTL and the grace).
-			p.m.renewBy, p.m.under = sent.Add(p.ttl-p.renew), p.limit.Requests
-			for _, l := range p.m.leases {
-				if l.hits > 0 && l.end.Add(-p.renew).Before(p.m.renewBy) {
-					p.m.renewBy = l.end.Add(-p.renew)
-				}
-			}
+		p, budget := c.p, c.p.limit
+		if p.lease.backs(p.limit, sent) {
+			budget = p.lease.held()
 		}
-		p.m.assigned = a
-		p.qa.RateLimitStrategy = p.m.strategy(a, p.unit)
+		c.qa.RateLimitStrategy = c.m.strategy(p.assign(c.m, budget, math.MaxUint64, c.until), p.unit)
+	}
+	s.mu.Unlock()
+	if len(gives) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.BudgetTimeout)
+		defer cancel()
+		if err := s.opts.Budget.Decide(ctx, gives, make([]algo.Decision, len(gives))); err != nil {
+			s.opts.Logger.Warn("rlqs budget not given back: it returns when its leases end", "error", err)
+		}
 	}
 }
 
@@ -596,132 +596,124 @@ func requestsPer(a uint64, unit typev3.RateLimitUnit) *typev3.RateLimitStrategy 
 
 // decide returns bucket b's strategy under rule r (nil: no rule), given the
 // rate its latest report showed (-1: a push after a reload, with no report;
-// the demand known is kept). With a Budget, a pooled bucket's strategy is
-// left nil and the requests it needs are appended to batch, with a pending
-// entry that settle completes. Called with s.mu held.
+// the demand known is kept). With a Budget, a pooled bucket's strategy may
+// be left nil, with a renewal of its pool's lease appended to batch, whose
+// call settle completes. Called with s.mu held.
 func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float64, now time.Time, ttl time.Duration,
-	qa *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction, batch *[]algo.Request, pend *[]pending) *typev3.RateLimitStrategy {
+	qa *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction, batch *[]algo.Request, calls *[]call) *typev3.RateLimitStrategy {
 	d := decisionFor(r)
 	b.decided = d
 	switch d.kind {
 	case decidedByDefault:
 		// No rule, or a concurrency limit alone, which RLQS cannot express.
-		s.detach(ss, b, now, batch)
+		s.detach(ss, b, now, batch, calls)
 		return s.opts.Default
 	case decidedAllow:
-		s.detach(ss, b, now, batch)
+		s.detach(ss, b, now, batch, calls)
 		return s.allow
 	case decidedDeny:
-		s.detach(ss, b, now, batch)
+		s.detach(ss, b, now, batch, calls)
 		return s.deny
 	}
-	unit, limit := d.unit, d.limit
 	pk := poolKey{domain: ss.domain, rule: r.ID, bucket: b.key}
 	var carried *member // the bucket's part of the pool it leaves, if any
 	if b.pool != nil && b.poolKey != pk {
 		carried = b.pool.members[ss.id]
-		s.detach(ss, b, now, batch) // the rules were reloaded and the bucket moved
+		s.detach(ss, b, now, batch, calls) // the rules were reloaded and the bucket moved
 	}
 	if b.pool == nil {
 		p := s.pools[pk]
 		if p == nil {
-			p = &pool{members: make(map[uint64]*member)}
+			p = newPool(d.unit, d.limit)
 			s.pools[pk] = p
 		}
-		m := &member{}
-		if carried != nil { // the bucket's demand did not change with its rule
-			m.demand, m.observed = carried.demand, carried.observed
-		}
-		p.members[ss.id] = m
+		p.join(ss.id, carried)
 		b.pool, b.poolKey = p, pk
 	}
 	p := b.pool
-	p.unit, p.limit = unit, limit // a reload may have changed the limit
+	p.unit, p.limit = d.unit, d.limit // a reload may have changed the limit
 	m := p.members[ss.id]
 	m.stale = time.Duration(s.opts.AbandonAfter) * b.interval
+	p.sweep(now, b.interval)
 	if rate >= 0 {
-		m.observe(rate, s.opts.Smoothing, now)
+		p.observe(m, rate, s.opts.Smoothing, now)
 	} else {
-		m.last = b.last
+		p.touch(m)
 	}
+	p.retarget(m, s.pol, p.lease.gCount, p.lease.gDemand)
 	until := now.Add(ttl + ledgerGrace)
 	if s.opts.Budget == nil {
-		return m.strategy(p.assign(ss.id, s.opts.FloorFraction, now, until), unit)
+		return m.strategy(p.assign(m, p.limit, math.MaxUint64, until), p.unit)
 	}
-	// The phase 1 assignment is recorded now so that the local ledger
-	// stays right if the store fails; settle replaces it.
-	local := p.assign(ss.id, s.opts.FloorFraction, now, until)
-	target := p.target(ss.id, s.opts.FloorFraction, now, m.gCount, m.gDemand)
-	perInterval := uint64(math.Ceil(m.demand * b.interval.Seconds()))
-	if !m.renewal(target, perInterval, m.demand*unitSeconds(unit), limit, now) {
-		// The leases back an assignment of up to what they hold for longer
-		// than its TTL: it is sent without a take. The announcements are
-		// only read, so that the next target counts streams and demand
-		// that appeared on other replicas meanwhile.
-		a := min(target, m.leases[0].hits)
-		m.assigned = a
-		peek := func(k []byte) algo.Request { return algo.Request{Key: k, Limit: announceLimit(), Peek: true} }
-		*pend = append(*pend, pending{m: m, peek: true, take: len(*batch), ival: b.interval})
-		*batch = append(*batch, peek(p.keys[1]), peek(p.keys[2]))
-		return m.strategy(a, unit)
+	l := &p.lease
+	if l.inflight {
+		// A renewal of the pool's lease is on its way; it takes at least
+		// the assignments in force, m's included: m may keep what it has,
+		// or less, until it settles.
+		return m.strategy(p.assign(m, p.assigned, m.assigned, until), p.unit)
 	}
-	// The previous leases go back in the same atomic call, before the
-	// takes: a stream re-takes what it held, plus what is free.
-	s.giveBack(m, now, batch)
-	bl, al := budgetLimit(limit), announceLimit()
-	if p.keys[0] == nil || p.keysLimit != limit {
-		// The pool's store keys, made once: they change only with its limit.
-		prefix := poolKeyPrefix(ss.domain, r.ID, b.desc)
-		p.keys = [3][]byte{withLimit(prefix, bl), withLimit(key.AppendEntry(prefix, "demand", ""), al), withLimit(key.AppendEntry(prefix, "streams", ""), al)}
-		p.keysLimit = limit
+	contended := l.contended(p.limit)
+	if l.backs(p.limit, now) && !p.renewal(contended, b.interval) {
+		// The lease backs an assignment out of what it holds for longer
+		// than its TTL: no take. Where the budget is contended, the pool
+		// reads it and the announcements once an interval, to see what
+		// the other replicas freed or need.
+		a := p.assign(m, l.held(), math.MaxUint64, until)
+		if contended && !now.Before(l.next) {
+			p.read(now, b.interval, batch, calls)
+		}
+		return m.strategy(a, p.unit)
 	}
-	pe := pending{m: m, qa: qa, unit: unit, take: len(*batch), target: target, local: local,
-		key: p.keys[0], limit: bl, ttl: leaseTTL(ttl, b.interval), renew: ttl + ledgerGrace, ival: b.interval,
-		akeys: [2][]byte{p.keys[1], p.keys[2]}}
-	take := func(k []byte, l algo.Limit, n uint64) algo.Request {
-		return algo.Request{Key: k, Limit: l, Op: algo.OpTake, Lease: algo.Lease{Max: n, Share: 1, TTL: pe.ttl}}
-	}
-	*batch = append(*batch, take(pe.key, bl, target), take(pe.akeys[0], al, perInterval), take(pe.akeys[1], al, 1))
-	*pend = append(*pend, pe)
+	p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval,
+		m: m, qa: qa, until: until}, contended, now, batch, calls)
 	return nil
 }
 
 // detach takes bucket b of stream ss out of its pool: its assignment no
-// longer counts against the limit, and its lease, if any, is appended to
-// gives to be given back. Called with s.mu held.
-func (s *Server) detach(ss *stream, b *streamBucket, now time.Time, gives *[]algo.Request) {
-	if b.pool == nil {
+// longer counts against the limit. A pool left empty gives its lease back
+// (appended to batch); one whose budget is contended renews it at once,
+// so that the share the bucket held is free for the other replicas to
+// take at their next reports. Called with s.mu held.
+func (s *Server) detach(ss *stream, b *streamBucket, now time.Time, batch *[]algo.Request, calls *[]call) {
+	p := b.pool
+	if p == nil {
 		return
 	}
-	if m := b.pool.members[ss.id]; m != nil {
-		s.giveBack(m, now, gives)
-	}
-	delete(b.pool.members, ss.id)
-	if len(b.pool.members) == 0 {
-		delete(s.pools, b.poolKey)
-	}
+	p.remove(ss.id)
 	b.pool = nil
+	l := &p.lease
+	switch {
+	case len(p.members) == 0:
+		delete(s.pools, b.poolKey)
+		if l.inflight {
+			l.dropped = true // the renewal gives back what it takes
+		} else {
+			l.gives(now, batch)
+		}
+	case s.opts.Budget != nil && !l.inflight && l.backs(p.limit, now) && l.contended(p.limit):
+		ttl := s.ttl(b.interval)
+		p.renew(call{keys: p.keys, ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}, true, now, batch, calls)
+	}
 }
 
-// giveBack appends to gives the gives of m's leases still running, and
-// forgets them. Called with s.mu held.
-func (s *Server) giveBack(m *member, now time.Time, gives *[]algo.Request) {
-	for i := range m.leases {
-		if g, ok := m.leases[i].give(now); ok {
-			*gives = append(*gives, g)
-		}
-		m.leases[i] = lease{}
+// ttl is the assignment_time_to_live of a bucket reported every interval.
+func (s *Server) ttl(interval time.Duration) time.Duration {
+	if s.opts.AssignmentTTL > 0 {
+		return s.opts.AssignmentTTL
 	}
+	return 2 * interval
 }
 
 // leave forgets a stream that ended: its shares go to the streams that
-// remain, at their next reports, and its leases go back to the store.
+// remain, at their next reports, and its pools' budget it held goes back
+// to the store.
 func (s *Server) leave(ss *stream) {
-	var gives []algo.Request
+	var batch []algo.Request
+	var calls []call
 	s.mu.Lock()
 	now := s.opts.Now()
 	for _, b := range ss.buckets {
-		s.detach(ss, b, now, &gives)
+		s.detach(ss, b, now, &batch, &calls)
 		s.track(b, ruleRef{}, 0)
 	}
 	s.counts.buckets -= len(ss.buckets)
@@ -730,12 +722,8 @@ func (s *Server) leave(ss *stream) {
 	delete(s.open, ss.id)
 	s.mu.Unlock()
 	s.opts.Logger.Debug("rlqs stream ended", "stream", ss.id, "domain", ss.domain)
-	if len(gives) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), s.opts.BudgetTimeout)
-		defer cancel()
-		if err := s.opts.Budget.Decide(ctx, gives, make([]algo.Decision, len(gives))); err != nil {
-			s.opts.Logger.Warn("rlqs budget not given back: it returns when its leases end", "stream", ss.id, "error", err)
-		}
+	if len(batch) > 0 {
+		s.settle(batch, calls)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -45,6 +46,11 @@ descriptors:
     rate_limit: {requests_per_unit: 5, unit: second}
     shadow_mode: true
 `
+
+// wholeShare is the Headroom of the tests about which rule decides a
+// bucket, and what: every stream is assigned its whole share, whatever
+// the demand it reported.
+var wholeShare = math.Inf(1)
 
 // clock is a fake clock the tests advance.
 type clock struct {
@@ -183,7 +189,7 @@ func TestBucketMatching(t *testing.T) {
 		{"shadow mode never refuses", "quota", []string{"shadow", "x"}, "ALLOW_ALL"},
 	}
 	for _, def := range []*typev3.RateLimitStrategy{nil, {Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_DENY_ALL}}} {
-		f := start(t, rlqs.Options{Default: def})
+		f := start(t, rlqs.Options{Default: def, Headroom: wholeShare})
 		wantDefault := "ALLOW_ALL"
 		if def != nil {
 			wantDefault = "DENY_ALL"
