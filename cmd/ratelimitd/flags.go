@@ -52,7 +52,7 @@ type serveConfig struct {
 	nearLimitRatio      float64
 	maxDetailedSeries   int
 	enableReset         bool
-	rlqs                bool
+	rlqs                rlqsConfig
 	shadowMode          bool
 	quotaMode           bool
 	localShare          float64
@@ -91,7 +91,6 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.BoolVar(&c.shadowMode, "shadow-mode", false, "answer every request of Envoy's API OK overall, while each descriptor is still decided, counted and reported (envoyproxy/ratelimit's SHADOW_MODE): to try rules in production")
 	fs.BoolVar(&c.quotaMode, "quota-mode", false, "decide every rule as one with quota_mode: true (envoyproxy/ratelimit's QUOTA_MODE)")
 	fs.BoolVar(&c.enableReset, "enable-reset", false, "let ratelimitd.v1.RateLimiter/Reset clear a descriptor's counters (an operator's tool; anyone who can reach the gRPC port can call it)")
-	fs.BoolVar(&c.rlqs, "rlqs", false, "also serve Envoy's Rate Limit Quota Service (envoy.service.rate_limit_quota.v3) on the gRPC port; each limit's budget is held in the backend, shared by the replicas on one Redis (docs/rlqs.md)")
 	fs.BoolVar(&c.tracing, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
 	fs.BoolVar(&c.watchConfig, "watch-config", true, "reload the rules when the files under -config change (a bad set is rejected whole; the last good rules keep serving)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen `address` (Envoy RLS v3, grpc.health.v1, reflection); port 0 picks a free port; unix:PATH listens on a Unix socket")
@@ -149,6 +148,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.Uint64Var(&c.maxHits, "max-hits", service.DefaultMaxHits, "largest hits_addend a request or descriptor may carry")
 	addXDSFlags(fs, &c.xds)
 	addRefStatsFlags(fs, &c.refStats)
+	addRLQSFlags(fs, &c.rlqs)
 	return fs
 }
 
@@ -289,6 +289,9 @@ func (c *serveConfig) validate() error {
 	}
 	c.bounds.MaxHits = c.maxHits
 	if err := c.validateXDS(); err != nil {
+		return err
+	}
+	if err := c.rlqs.validate(c.source); err != nil {
 		return err
 	}
 	return c.refStats.validate(c.source)

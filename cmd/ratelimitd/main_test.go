@@ -109,6 +109,11 @@ func TestUsageErrors(t *testing.T) {
 		{nil, []string{"serve", "extra"}, `unexpected argument "extra"`},
 		{env{"RATELIMITD_GRPC_ADDR": ""}, nil, `invalid RATELIMITD_GRPC_ADDR: it must not be empty`},
 		{nil, []string{"-max-domain-bytes", "0"}, `invalid -max-domain-bytes 0; it must be at least 1`},
+		{nil, []string{"-rlqs-default", "maybe"}, `invalid -rlqs-default "maybe"; accepted: allow, deny`},
+		{env{"RATELIMITD_RLQS_HEADROOM": "0.5"}, nil, `invalid RATELIMITD_RLQS_HEADROOM 0.5; it must be at least 1`},
+		{nil, []string{"-rlqs-floor", "0"}, `invalid -rlqs-floor 0; it must be above 0`},
+		{nil, []string{"-rlqs-max-buckets", "100", "-rlqs-max-stream-buckets", "10"}, `invalid -rlqs-max-stream-buckets 10; it must be at least -rlqs-max-buckets (100)`},
+		{nil, []string{"-rlqs-reporting-interval", "0s"}, `invalid -rlqs-reporting-interval 0s; it must be at least 1ms`},
 	} {
 		code, _, errOut := runMain(t, c.env, c.args...)
 		if code != exitUsage || !strings.Contains(errOut, c.want) {

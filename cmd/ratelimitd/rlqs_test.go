@@ -46,11 +46,11 @@ func reportAlice(t *testing.T, p *inProcess) (*rlqssim.Client, map[string]string
 	return c, bucket
 }
 
-// TestServeRLQS: with -rlqs, a simulated Envoy gets its share of the rule
+// TestServeRLQS: by default, a simulated Envoy gets its share of the rule
 // its bucket matches on the gRPC port, and shutdown ends its stream rather
 // than waiting out -shutdown-timeout for it.
 func TestServeRLQS(t *testing.T) {
-	p := startServe(t, true, "-config", "../../examples", "-rlqs", "-shutdown-timeout", "20s")
+	p := startServe(t, true, "-config", "../../examples", "-shutdown-timeout", "20s")
 	c, bucket := reportAlice(t, p)
 	if got := c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit(); got != 2 {
 		t.Fatalf("assignment %v, want 2 per second (posts_per_user, the only stream)", c.Assignment(bucket))
@@ -81,9 +81,9 @@ func TestServeRLQS(t *testing.T) {
 	}
 }
 
-// TestServeWithoutRLQS: RLQS is off by default.
+// TestServeWithoutRLQS: -rlqs=false turns RLQS off.
 func TestServeWithoutRLQS(t *testing.T) {
-	p := startServe(t, true, "-config", "../../examples")
+	p := startServe(t, true, "-config", "../../examples", "-rlqs=false")
 	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +97,7 @@ func TestServeWithoutRLQS(t *testing.T) {
 	}
 	st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "posts"})
 	if _, err := st.Recv(); status.Code(err) != codes.Unimplemented {
-		t.Fatalf("without -rlqs: %v, want Unimplemented", err)
+		t.Fatalf("with -rlqs=false: %v, want Unimplemented", err)
 	}
 }
 
@@ -137,4 +137,49 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestServeRLQSFlags: the -rlqs-* flags reach the server: a bucket no rule
+// names is denied, a stream reporting one request is assigned the whole
+// limit (no headroom cap), and assignments live for the TTL given.
+func TestServeRLQSFlags(t *testing.T) {
+	p := startServe(t, true, "-config", "../../examples", "-rlqs-default", "deny", "-rlqs-headroom", "+Inf", "-rlqs-assignment-ttl", "7s")
+	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := func(k, v string) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
+		return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{k: v}}, NumRequestsAllowed: 1}
+	}
+	if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "posts", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage("user_id", "alice"), usage("nobody", "x")}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, a := range resp.GetBucketAction() {
+		qa := a.GetQuotaAssignmentAction()
+		if ttl := qa.GetAssignmentTimeToLive().AsDuration(); ttl != 7*time.Second {
+			t.Errorf("bucket %v: TTL %v, want 7s (-rlqs-assignment-ttl)", a.GetBucketId().GetBucket(), ttl)
+		}
+		s := qa.GetRateLimitStrategy()
+		desc := s.GetBlanketRule().String()
+		if rp := s.GetRequestsPerTimeUnit(); rp != nil {
+			desc = fmt.Sprintf("%d per %v", rp.GetRequestsPerTimeUnit(), rp.GetTimeUnit())
+		}
+		got[fmt.Sprint(a.GetBucketId().GetBucket())] = desc
+	}
+	want := map[string]string{"map[user_id:alice]": "2 per SECOND", "map[nobody:x]": "DENY_ALL"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("assignments %v, want %v (the whole limit of 2/s for one request reported: -rlqs-headroom +Inf; DENY_ALL for no rule: -rlqs-default deny)", got, want)
+	}
 }

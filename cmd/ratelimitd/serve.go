@@ -204,9 +204,11 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	// The RLQS server exists before rules can be reloaded, so that every
 	// reload pushes what it changed to its streams; it is registered on the
 	// gRPC server below.
-	var quota *rlqs.Server // nil without -rlqs
-	if c.rlqs {
-		if quota, err = rlqs.New(rlqs.Options{Rules: svc.Rules, Budget: be.quota, Now: be.now, Logger: log}); err != nil {
+	var quota *rlqs.Server // nil with -rlqs=false
+	if c.rlqs.on {
+		opts := c.rlqs.options()
+		opts.Rules, opts.Budget, opts.Now, opts.Logger = svc.Rules, be.quota, be.now, log
+		if quota, err = rlqs.New(opts); err != nil {
 			return err
 		}
 		registerRLQS(reg, quota)
