@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
 )
 
@@ -60,10 +63,25 @@ func TestServeRLQS(t *testing.T) {
 		"ratelimitd_rlqs_streams 1\n", "ratelimitd_rlqs_buckets 1\n", "ratelimitd_rlqs_reports_total 1\n",
 		`ratelimitd_rlqs_assignments_total{kind="rate"} 1` + "\n", `ratelimitd_rlqs_assignments_total{kind="abandon"} 0` + "\n",
 		`ratelimitd_rlqs_rule_usage{domain="posts",rule="posts.user_id"} 20` + "\n",
+		`ratelimitd_rlqs_budget_held{domain="posts",rule="posts.user_id"} 2` + "\n",
+		`ratelimitd_rlqs_assigned{domain="posts",rule="posts.user_id"} 2` + "\n",
+		`ratelimitd_rlqs_budget_operations_total{op="take"} 1` + "\n",
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q:\n%s", want, grepLines(m, "ratelimitd_rlqs_"))
 		}
+	}
+	// POST /explain/rlqs says which rule decides Alice's bucket and what
+	// this replica holds for it.
+	resp, err := http.Post("http://"+p.httpAddr+"/explain/rlqs", "application/json", strings.NewReader(`{"domain": "posts", "bucketId": {"user_id": "alice"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e rlqs.Explanation
+	err = json.NewDecoder(resp.Body).Decode(&e)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || e.Rule == nil || e.Rule.Name != "posts_per_user" || e.Replica == nil || e.Replica.Streams != 1 || e.Budget == nil || e.Budget.Held != 2 {
+		t.Errorf("explain alice: %d %+v (%v): want rule posts_per_user, one stream, 2 held", resp.StatusCode, e, err)
 	}
 	start := time.Now()
 	if code := p.stop(t); code != exitOK {

@@ -296,7 +296,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		quota.Register(gs)
 		log.Info("serving Envoy's Rate Limit Quota Service (RLQS) on the gRPC port; each limit's budget is held in the backend, shared by every replica on it (docs/rlqs.md)", "backend", c.backend)
 	}
-	app := svc.WrapHTTP(withMetrics(withRulesSource(svc.HTTPHandler(), c, fromXDS), reg))
+	app := svc.WrapHTTP(withMetrics(withRLQSExplain(withRulesSource(svc.HTTPHandler(), c, fromXDS), quota), reg))
 	hs := newHTTPServer(app, log)
 	hs.TLSConfig = httpTLS
 	servers := []*http.Server{hs}

@@ -561,6 +561,7 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 	sent := s.opts.Now()
 	err := s.opts.Budget.Decide(ctx, batch, out)
 	cancel()
+	s.countOps(batch, err)
 	if err != nil {
 		s.opts.Logger.Warn("rlqs budget store failed: assigning this replica's share of the limits alone until it answers", "error", err)
 	}
@@ -582,10 +583,33 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 	if len(gives) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.BudgetTimeout)
 		defer cancel()
-		if err := s.opts.Budget.Decide(ctx, gives, make([]algo.Decision, len(gives))); err != nil {
+		err := s.opts.Budget.Decide(ctx, gives, make([]algo.Decision, len(gives)))
+		s.countOps(gives, err)
+		if err != nil {
 			s.opts.Logger.Warn("rlqs budget not given back: it returns when its leases end", "error", err)
 		}
 	}
+}
+
+// countOps counts the operations of a budget call, which failed with err.
+func (s *Server) countOps(batch []algo.Request, err error) {
+	if err != nil {
+		s.counts.failed.Add(1)
+	}
+	var takes, gives, reads uint64
+	for i := range batch {
+		switch r := &batch[i]; {
+		case r.Peek:
+			reads++
+		case r.Op == algo.OpGive:
+			gives++
+		default:
+			takes++
+		}
+	}
+	s.counts.takes.Add(takes)
+	s.counts.gives.Add(gives)
+	s.counts.reads.Add(reads)
 }
 
 func requestsPer(a uint64, unit typev3.RateLimitUnit) *typev3.RateLimitStrategy {

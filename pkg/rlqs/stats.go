@@ -31,6 +31,18 @@ type Stats struct {
 	// replica. Summed over the replicas, it is the rule's global usage.
 	// Sorted by domain and rule.
 	Usage []RuleUsage
+	// Budget counts the operations sent to the budget store, by kind.
+	Budget BudgetOps
+}
+
+// BudgetOps counts operations on the budget store ([Options.Budget]).
+type BudgetOps struct {
+	Takes uint64 // leases taken: renewals, and announcements where contended
+	Gives uint64 // leases given back: renewed, or of a bucket no stream reports any more
+	Reads uint64 // reads of contended budgets and announcements, storing nothing
+	// Failed counts calls that failed (each a report answered with this
+	// replica's share alone, or budget left to end with its lease).
+	Failed uint64
 }
 
 // Assignments counts bucket actions sent, by kind.
@@ -46,12 +58,17 @@ type RuleUsage struct {
 	Domain, Rule string  // the stream's domain and the rule's ID
 	Buckets      int     // the buckets of open streams matching it
 	Allowed      float64 // requests allowed per second, as reported
+	// Held is the budget this replica holds in the store for the rule's
+	// buckets, summed (requests per Envoy unit; 0 without a Budget), and
+	// Assigned what its streams are assigned and still apply.
+	Held, Assigned uint64
 }
 
 // counts are a Server's counters; its mutex guards errors and usage.
 type counts struct {
 	reports, pushes                    atomic.Uint64
 	rate, allowAll, denyAll, abandoned atomic.Uint64
+	takes, gives, reads, failed        atomic.Uint64
 	buckets                            int
 	errors                             map[codes.Code]uint64
 	usage                              map[ruleRef]*ruleUsage
@@ -129,6 +146,10 @@ func (s *Server) Stats() Stats {
 	st := Stats{
 		Reports: s.counts.reports.Load(),
 		Pushes:  s.counts.pushes.Load(),
+		Budget: BudgetOps{
+			Takes: s.counts.takes.Load(), Gives: s.counts.gives.Load(),
+			Reads: s.counts.reads.Load(), Failed: s.counts.failed.Load(),
+		},
 		Assignments: Assignments{
 			Rate: s.counts.rate.Load(), AllowAll: s.counts.allowAll.Load(),
 			DenyAll: s.counts.denyAll.Load(), Abandon: s.counts.abandoned.Load(),
@@ -141,8 +162,16 @@ func (s *Server) Stats() Stats {
 		st.StreamErrors[c] = n
 	}
 	st.Usage = make([]RuleUsage, 0, len(s.counts.usage))
+	index := make(map[ruleRef]int, len(s.counts.usage))
 	for ref, u := range s.counts.usage {
+		index[ref] = len(st.Usage)
 		st.Usage = append(st.Usage, RuleUsage{Domain: ref.domain, Rule: ref.rule, Buckets: u.buckets, Allowed: max(u.allowed, 0)})
+	}
+	for pk, p := range s.pools {
+		if i, ok := index[ruleRef{domain: pk.domain, rule: pk.rule}]; ok {
+			st.Usage[i].Held += p.lease.held()
+			st.Usage[i].Assigned += p.assigned
+		}
 	}
 	s.mu.Unlock()
 	slices.SortFunc(st.Usage, func(a, b RuleUsage) int {

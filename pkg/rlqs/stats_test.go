@@ -1,6 +1,7 @@
 package rlqs_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,7 +10,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
 )
 
 // TestStats: the counts follow streams, buckets, reports, the assignments
@@ -74,5 +77,46 @@ func TestStats(t *testing.T) {
 	}
 	if s.StreamErrors[codes.InvalidArgument] != 1 || len(s.StreamErrors) != 1 {
 		t.Errorf("stream errors %v, want InvalidArgument: 1 alone (a client's end is no error)", s.StreamErrors)
+	}
+}
+
+// TestStatsBudget: with a budget store, each rule's usage carries the
+// budget this replica holds for it and what its streams are assigned,
+// the store's operations are counted by kind, and a stream that ends
+// gives its pools' leases back.
+func TestStatsBudget(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	store := memory.New(memory.Options{Now: clk.Now})
+	t.Cleanup(func() { store.Close() })
+	f := startOn(t, rlqs.Options{Budget: store}, clk)
+	a, b := f.sim(t), f.sim(t)
+	for range 3 {
+		drive(t, f, []*rlqssim.Client{a, b}, []float64{80, 80})
+	}
+	s := f.srv.Stats()
+	if len(s.Usage) != 1 {
+		t.Fatalf("usage %+v, want acme's rule alone", s.Usage)
+	}
+	u := s.Usage[0]
+	if u.Rule != "quota.name_acme.route" || u.Held < 90 || u.Held > 100 || u.Assigned > u.Held || u.Assigned != share(a)+share(b) {
+		t.Errorf("usage %+v: want acme holding 90 to 100, assigned %d+%d within it", u, share(a), share(b))
+	}
+	if ops := s.Budget; ops.Takes == 0 || ops.Reads == 0 || ops.Failed != 0 {
+		t.Errorf("budget operations %+v: want takes and reads (demand over the limit makes it contended), no failure", ops)
+	}
+	gives := s.Budget.Gives
+	a.Close()
+	b.Close()
+	for deadline := time.Now().Add(5 * time.Second); f.srv.Streams() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the streams did not end")
+		}
+	}
+	if s := f.srv.Stats(); s.Budget.Gives <= gives || len(s.Usage) != 0 {
+		t.Errorf("after the streams ended: gives %d (was %d), usage %+v; want the leases given back", s.Budget.Gives, gives, s.Usage)
+	}
+	e, err := f.srv.Explain(context.Background(), "quota", acmeBucket)
+	if err != nil || e.Budget.Held != 0 {
+		t.Errorf("after the streams ended the store holds %+v (%v) for acme, want nothing", e.Budget, err)
 	}
 }

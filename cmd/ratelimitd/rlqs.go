@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net/http"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
@@ -21,14 +23,29 @@ var (
 	rlqsPushesDesc      = rlqsDesc("reload_pushes_total", "Responses pushed to a stream without a report, after a rule reload changed its buckets' assignments.")
 	rlqsAssignmentsDesc = rlqsDesc("assignments_total", "Bucket actions sent, by kind: rate (requests per time unit), allow_all, deny_all, abandon.", "kind")
 	rlqsErrorsDesc      = rlqsDesc("stream_errors_total", "Streams the server ended with an error, by gRPC code: InvalidArgument or ResourceExhausted for bad input, Unavailable at shutdown.", "code")
+	rlqsHeldDesc        = rlqsDesc("budget_held", "Budget this replica holds in the backend for the buckets the rule decides (requests per Envoy time unit, summed): its leases, out of which its streams are assigned.", "domain", "rule")
+	rlqsAssignedDesc    = rlqsDesc("assigned", "What this replica's streams are assigned, still in force, for the buckets the rule decides (requests per Envoy time unit, summed).", "domain", "rule")
+	rlqsBudgetOpsDesc   = rlqsDesc("budget_operations_total", "Operations sent to the backend holding the budgets, by op: take (a lease, or an announcement where the budget is contended), give (a lease back), read (a contended budget and its announcements).", "op")
+	rlqsBudgetFailDesc  = rlqsDesc("budget_failures_total", "Calls to the backend holding the budgets that failed: reports then answered with this replica's share alone.")
 	rlqsUsageDesc       = rlqsDesc("rule_usage", "Requests per second the streams of this replica report allowed for buckets the rule decides, at their latest reports; sum over replicas for the rule's global usage.", "domain", "rule")
 )
+
+// withRLQSExplain serves POST /explain/rlqs from quota (nil: none) beside h.
+func withRLQSExplain(h http.Handler, quota *rlqs.Server) http.Handler {
+	if quota == nil {
+		return h
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
+	mux.Handle("POST /explain/rlqs", quota.ExplainHandler())
+	return mux
+}
 
 // registerRLQS exports the counts of s.
 func registerRLQS(reg prometheus.Registerer, s *rlqs.Server) { reg.MustRegister(rlqsMetrics{s}) }
 
 func (rlqsMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{rlqsStreamsDesc, rlqsBucketsDesc, rlqsReportsDesc, rlqsPushesDesc, rlqsAssignmentsDesc, rlqsErrorsDesc, rlqsUsageDesc} {
+	for _, d := range []*prometheus.Desc{rlqsStreamsDesc, rlqsBucketsDesc, rlqsReportsDesc, rlqsPushesDesc, rlqsAssignmentsDesc, rlqsErrorsDesc, rlqsUsageDesc, rlqsHeldDesc, rlqsAssignedDesc, rlqsBudgetOpsDesc, rlqsBudgetFailDesc} {
 		ch <- d
 	}
 }
@@ -50,5 +67,11 @@ func (m rlqsMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, u := range st.Usage {
 		ch <- prometheus.MustNewConstMetric(rlqsUsageDesc, prometheus.GaugeValue, u.Allowed, u.Domain, u.Rule)
+		ch <- prometheus.MustNewConstMetric(rlqsHeldDesc, prometheus.GaugeValue, float64(u.Held), u.Domain, u.Rule)
+		ch <- prometheus.MustNewConstMetric(rlqsAssignedDesc, prometheus.GaugeValue, float64(u.Assigned), u.Domain, u.Rule)
 	}
+	for op, n := range map[string]uint64{"take": st.Budget.Takes, "give": st.Budget.Gives, "read": st.Budget.Reads} {
+		ch <- prometheus.MustNewConstMetric(rlqsBudgetOpsDesc, prometheus.CounterValue, float64(n), op)
+	}
+	ch <- prometheus.MustNewConstMetric(rlqsBudgetFailDesc, prometheus.CounterValue, float64(st.Budget.Failed))
 }
