@@ -242,7 +242,9 @@ func (p *pool) explain(now time.Time, budget bool) *ExplainPool {
 func (s *Server) readBudget(ctx context.Context, domain, rule string, desc bucketDescriptor, limit uint64, interval time.Duration) *ExplainBudget {
 	p := newPool(0, limit)
 	keys := p.storeKeys(domain, rule, desc)
-	peek := func(k []byte, l algo.Limit) algo.Request { return algo.Request{Key: k, Limit: l, Peek: true, Shadow: true} }
+	peek := func(k []byte, l algo.Limit) algo.Request {
+		return algo.Request{Key: k, Limit: l, Peek: true, Shadow: true}
+	}
 	batch := []algo.Request{peek(keys[0], budgetLimit(limit)), peek(keys[1], announceLimit()), peek(keys[2], announceLimit())}
 	out := make([]algo.Decision, len(batch))
 	ctx, cancel := context.WithTimeout(ctx, s.opts.BudgetTimeout)
