@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -8,29 +10,40 @@ import (
 	"testing"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
 )
 
-// TestRLQSReplicasShareOneLimit runs two ratelimitd -rlqs processes on one
-// real Redis and four simulated Envoys, two on each, reporting every
-// second and each offering 50 requests per second to one bucket of a
-// 100-per-second rule (twice its fair share). Over 12 s of real time the
-// Envoys of both replicas admit at most L·T/U + L (docs/rlqs.md, "Across
-// replicas"); then one Envoy disconnects and the other three hold its
-// share within two intervals.
+// TestRLQSReplicasShareOneLimit runs two ratelimitd processes on one real
+// Redis and four simulated Envoys, two on each, reporting every second
+// to one bucket of a 100-per-second rule:
+//
+//   - each offering 50 requests per second (twice its fair share), over
+//     12 s of real time the Envoys of both replicas admit at most
+//     L·T/U + L (docs/rlqs.md, "Across replicas");
+//   - when demand shifts to 90, 10, 90, 10 per second, the shares follow
+//     it across the replicas, never summing over the limit;
+//   - when one Envoy disconnects, the other three hold its share within
+//     two intervals;
+//   - bad input on a stream of its own (an unknown domain, an empty
+//     bucket id, a report over the bound) is answered cleanly, and the
+//     other streams go on.
 func TestRLQSReplicasShareOneLimit(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs for about 15 s")
+		t.Skip("runs for about 30 s")
 	}
-	const limit, interval, seconds, rate = 100, time.Second, 12, 50
+	const limit, interval, seconds = 100, time.Second, 12
 	dir := t.TempDir()
 	rules := "domain: quota\ndescriptors:\n  - key: tenant\n    rate_limit: {requests_per_unit: 100, unit: second}\n"
 	if err := os.WriteFile(filepath.Join(dir, "quota.yaml"), []byte(rules), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	rs := redistest.Start(t)
-	args := redisArgs(t, rs.URL, "standalone", "-config", dir, "-rlqs")
+	args := redisArgs(t, rs.URL, "standalone", "-config", dir)
 	replicas := []*server{startServer(t, args...), startServer(t, args...)}
 
 	bucket := map[string]string{"tenant": "acme"}
@@ -46,17 +59,27 @@ func TestRLQSReplicasShareOneLimit(t *testing.T) {
 	share := func(c *rlqssim.Client) uint64 {
 		return c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit()
 	}
+	shares := func() (s [4]uint64, sum uint64) {
+		for i, c := range clients {
+			s[i] = share(c)
+			sum += s[i]
+		}
+		return s, sum
+	}
 
-	// Each client offers rate requests per second, one every 1/rate s.
+	// Each client offers rates[i] requests per second, in steps of 10 ms.
+	var rates [4]atomic.Int64
 	var admitted, offered atomic.Int64
 	var counting atomic.Bool
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	// drive has c offer its rate until stop, or leave closes (nil: never).
-	drive := func(c *rlqssim.Client, leave <-chan struct{}) {
+	// drive has client i offer its rate until stop, or leave closes (nil:
+	// never).
+	drive := func(i int, leave <-chan struct{}) {
 		wg.Go(func() {
-			tick := time.NewTicker(time.Second / rate)
+			tick := time.NewTicker(10 * time.Millisecond)
 			defer tick.Stop()
+			owed := 0.0
 			for {
 				select {
 				case <-stop:
@@ -64,7 +87,9 @@ func TestRLQSReplicasShareOneLimit(t *testing.T) {
 				case <-leave:
 					return
 				case <-tick.C:
-					ok := c.Allow(bucket)
+				}
+				for owed += float64(rates[i].Load()) / 100; owed >= 1; owed-- {
+					ok := clients[i].Allow(bucket)
 					if counting.Load() {
 						offered.Add(1)
 						if ok {
@@ -75,12 +100,15 @@ func TestRLQSReplicasShareOneLimit(t *testing.T) {
 			}
 		})
 	}
-	for _, c := range clients[:3] {
-		drive(c, nil)
+	for i := range rates {
+		rates[i].Store(50)
+	}
+	for i := range 3 {
+		drive(i, nil)
 	}
 	// The fourth is driven apart, so that it can leave on its own.
 	leave := make(chan struct{})
-	drive(clients[3], leave)
+	drive(3, leave)
 	defer func() { close(stop); wg.Wait() }()
 
 	// Two intervals to settle, then count over whole seconds.
@@ -89,16 +117,14 @@ func TestRLQSReplicasShareOneLimit(t *testing.T) {
 	maxSum := uint64(0)
 	for range seconds * 10 {
 		time.Sleep(interval / 10)
-		var sum uint64
-		for _, c := range clients {
-			sum += share(c)
-		}
+		_, sum := shares()
 		maxSum = max(maxSum, sum)
 	}
 	counting.Store(false)
 	n, bound := admitted.Load(), int64(limit*seconds+limit)
-	t.Logf("2 replicas, 4 Envoys offering %d in %d s: admitted %d (limit %d/s: L·T = %d, bound L·T + L = %d); assignments summed at most %d; shares %d %d %d %d",
-		offered.Load(), seconds, n, limit, limit*seconds, bound, maxSum, share(clients[0]), share(clients[1]), share(clients[2]), share(clients[3]))
+	s, _ := shares()
+	t.Logf("2 replicas, 4 Envoys offering %d in %d s: admitted %d (limit %d/s: L·T = %d, bound L·T + L = %d); assignments summed at most %d; shares %v",
+		offered.Load(), seconds, n, limit, limit*seconds, bound, maxSum, s)
 	if n > bound {
 		t.Errorf("admitted %d in %d s across replicas, over the bound %d", n, seconds, bound)
 	}
@@ -108,6 +134,31 @@ func TestRLQSReplicasShareOneLimit(t *testing.T) {
 	if n < limit*seconds*6/10 {
 		t.Errorf("admitted %d in %d s: under 60%% of the limit while demand is twice it", n, seconds)
 	}
+
+	// Demand shifts: one Envoy of each replica offers 90 per second, the
+	// other 10. The shares follow within a few intervals (demand is
+	// smoothed over reports, and each replica sees the other's one report
+	// late), about 46, 7, 46, 7, and never sum over the limit.
+	for i, r := range []int64{90, 10, 90, 10} {
+		rates[i].Store(r)
+	}
+	shifted := time.Now()
+	var followed time.Duration
+	for time.Since(shifted) < 8*interval {
+		time.Sleep(interval / 10)
+		s, sum := shares()
+		if sum > limit {
+			t.Errorf("%v after demand shifted: shares %v sum to %d, over %d", time.Since(shifted).Round(time.Millisecond), s, sum, limit)
+		}
+		if followed == 0 && s[0] >= 3*s[1] && s[2] >= 3*s[3] && s[1] > 0 && s[3] > 0 && sum >= limit*9/10 {
+			followed = time.Since(shifted)
+		}
+	}
+	s, _ = shares()
+	if followed == 0 || s[0] < 3*s[1] || s[2] < 3*s[3] {
+		t.Fatalf("8 intervals after demand shifted to 90, 10, 90, 10: shares %v, want the busy Envoys at 3 times the others or more", s)
+	}
+	t.Logf("demand 90, 10, 90, 10 across the replicas: shares %v, followed within %v", s, followed.Round(time.Millisecond))
 
 	// One Envoy of replica 2 disconnects: within two intervals the other
 	// three hold its share (the limit less what rounding leaves).
@@ -119,9 +170,61 @@ func TestRLQSReplicasShareOneLimit(t *testing.T) {
 		sum = share(clients[0]) + share(clients[1]) + share(clients[2])
 		if sum >= limit*95/100 {
 			t.Logf("%v after one Envoy left, the other three hold %d of %d", time.Since(left).Round(time.Millisecond), sum, limit)
-			return
+			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("two intervals after one Envoy left, the other three hold %d of %d", sum, limit)
+	if sum < limit*95/100 {
+		t.Fatalf("two intervals after one Envoy left, the other three hold %d of %d", sum, limit)
+	}
+
+	// Bad input, each on a stream of its own to replica 1.
+	conn := replicas[0].dial(t)
+	report := func(r *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Send(r); err != nil {
+			return nil, err
+		}
+		return st.Recv()
+	}
+	usage := func(id map[string]string) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
+		return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: id}, NumRequestsAllowed: 1}
+	}
+	resp, err := report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "no-such-domain", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(bucket)}})
+	if err != nil || resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetBlanketRule().String() != "ALLOW_ALL" {
+		t.Errorf("an unknown domain: %v, %v; want the default assignment, ALLOW_ALL", resp, err)
+	}
+	huge := &rlqsv3.RateLimitQuotaUsageReports{Domain: "quota"}
+	for i := range 1001 {
+		huge.BucketQuotaUsages = append(huge.BucketQuotaUsages, usage(map[string]string{"tenant": fmt.Sprint(i)}))
+	}
+	for _, c := range []struct {
+		name   string
+		report *rlqsv3.RateLimitQuotaUsageReports
+	}{
+		{"an empty bucket id", &rlqsv3.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(nil)}}},
+		{"a report of 1,001 buckets", huge},
+		{"no domain", &rlqsv3.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(bucket)}}},
+	} {
+		if _, err := report(c.report); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", c.name, err)
+		} else {
+			t.Logf("%s: %v", c.name, status.Convert(err).Message())
+		}
+	}
+	// The other streams go on: their next report is answered.
+	deadline := time.Now().Add(3 * interval)
+	for _, c := range clients[:3] {
+		for c.Err() == nil && share(c) == 0 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if c.Err() != nil || share(c) == 0 {
+			t.Errorf("after the bad input, an Envoy's stream: %v, share %d", c.Err(), share(c))
+		}
+	}
 }
