@@ -31,7 +31,9 @@ import (
 //     two intervals;
 //   - bad input on a stream of its own (an unknown domain, an empty
 //     bucket id, a report over the bound) is answered cleanly, and the
-//     other streams go on.
+//     other streams go on;
+//   - when one replica stops gracefully, the other's Envoys hold the
+//     whole limit within two intervals: nothing stays stranded.
 func TestRLQSReplicasShareOneLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs for about 30 s")
@@ -227,4 +229,22 @@ func TestRLQSReplicasShareOneLimit(t *testing.T) {
 			t.Errorf("after the bad input, an Envoy's stream: %v, share %d", c.Err(), share(c))
 		}
 	}
+
+	// Replica 2 stops gracefully (SIGTERM): it ends its stream and gives
+	// its lease back, so within two intervals the Envoys of replica 1
+	// hold the whole limit. Budget it stranded would stay counted until
+	// its lease ended, 5.5 s or more.
+	if code := replicas[1].stop(t); code != 0 {
+		t.Fatalf("replica 2 exited %d after SIGTERM, want 0", code)
+	}
+	stopped := time.Now()
+	for sum = 0; time.Since(stopped) < 2*interval+interval/4; time.Sleep(20 * time.Millisecond) {
+		if sum = share(clients[0]) + share(clients[1]); sum >= limit*95/100 {
+			break
+		}
+	}
+	if sum < limit*95/100 {
+		t.Fatalf("two intervals after replica 2 stopped, replica 1's Envoys hold %d of %d: its budget was not given back", sum, limit)
+	}
+	t.Logf("%v after replica 2 stopped, replica 1's two Envoys hold %d of %d", time.Since(stopped).Round(time.Millisecond), sum, limit)
 }

@@ -28,15 +28,16 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
-// The rlqs group measures ratelimitd's RLQS server (pkg/rlqs, phase 1, on
-// the memory backend: phase 1 never calls a backend) under streams that
-// report as Envoy's rate_limit_quota filter does: each stream reports the
-// usage of its buckets every interval, from a steady demand, and the
-// server answers each report with one response assigning every bucket of
-// it. A row's latency is, per report, from its send to the receipt of that
+// The rlqs group measures ratelimitd's RLQS server (pkg/rlqs, its budget
+// held in the backend of -rlqs-backends) under streams that report as
+// Envoy's rate_limit_quota filter does: each stream reports the usage of
+// its buckets every interval, from a steady demand, and the server
+// answers each report with one response assigning every bucket of it. A
+// row's latency is, per report, from its send to the receipt of that
 // response (the server answers a stream's reports in order, one response
 // each, so a stream's responses are matched to its reports first in,
-// first out).
+// first out; a response assigning fewer buckets is a push, which answers
+// no report, and is counted apart).
 
 // The rlqs group's rule: every value of the key in domain rlqsDomain is
 // limited to rlqsLimit requests a second, shared among the streams that
@@ -233,7 +234,7 @@ type rlqsStats struct {
 	latency    histogram // report sent to its response received
 	reports    uint64    // reports sent in the window and answered
 	buckets    uint64    // assignments in those responses
-	short      uint64    // responses assigning fewer buckets than reported
+	pushes     uint64    // responses assigning fewer buckets than a report holds: pushed
 	abandoned  uint64    // abandon actions received
 	unanswered uint64    // reports sent in the window, not answered by the end
 	skipped    uint64    // reports not sent: too many unanswered already
@@ -280,6 +281,15 @@ func runRLQSStreams(ctx context.Context, conns []*grpc.ClientConn, reports []*ra
 					break
 				}
 				now := time.Now()
+				if r.assigned < buckets {
+					// The answer to a report assigns each of its buckets:
+					// this is a push (after a reload, or when the store
+					// showed the shares moved), answering no report.
+					st.mu.Lock()
+					st.pushes++
+					st.mu.Unlock()
+					continue
+				}
 				at := <-sent
 				if at.Before(start) || !at.Before(end) {
 					continue
@@ -288,9 +298,6 @@ func runRLQSStreams(ctx context.Context, conns []*grpc.ClientConn, reports []*ra
 				st.latency.record(now.Sub(at))
 				st.reports++
 				st.buckets += uint64(r.assigned)
-				if r.assigned < buckets {
-					st.short++
-				}
 				st.abandoned += uint64(r.abandoned)
 				st.mu.Unlock()
 			}
@@ -376,13 +383,13 @@ type rlqsMemory struct{ RSSIdle, RSS, HeapIdle, Heap int64 }
 // server's memory.
 func rlqsRowOf(name string, c rlqsConfig, share int, stats []*rlqsStats, elapsed time.Duration, serverCPU, benchCPU, storeCPU time.Duration, m rlqsMemory) rlqsRow {
 	var lat histogram
-	var reports, buckets, short, abandoned, unanswered, skipped uint64
+	var reports, buckets, pushes, abandoned, unanswered, skipped uint64
 	errs := map[string]uint64{}
 	for _, st := range stats {
 		lat.merge(&st.latency)
 		reports += st.reports
 		buckets += st.buckets
-		short += st.short
+		pushes += st.pushes
 		abandoned += st.abandoned
 		unanswered += st.unanswered
 		skipped += st.skipped
@@ -437,8 +444,8 @@ func rlqsRowOf(name string, c rlqsConfig, share int, stats []*rlqsStats, elapsed
 	if want := float64(c.Streams) / c.Interval.Seconds(); row.ReportsPerS < 0.95*want {
 		row.Notes = append(row.Notes, fmt.Sprintf("answered %s reports/s of the %s/s sent on schedule: the server or the generator falls behind", num(row.ReportsPerS), num(want)))
 	}
-	if short > 0 {
-		row.Notes = append(row.Notes, fmt.Sprintf("%d responses assigned fewer buckets than their report held", short))
+	if pushes > 0 {
+		row.Notes = append(row.Notes, fmt.Sprintf("%d responses pushed without a report (a rebalance or a reload; not in the latencies)", pushes))
 	}
 	if abandoned > 0 {
 		row.Notes = append(row.Notes, fmt.Sprintf("%d buckets abandoned", abandoned))

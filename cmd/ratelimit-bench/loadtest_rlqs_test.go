@@ -167,7 +167,7 @@ func TestRLQSRow(t *testing.T) {
 		st.reports++
 		st.buckets += 10
 	}
-	stats[0].short, stats[1].unanswered, stats[1].skipped = 1, 2, 3
+	stats[0].pushes, stats[1].unanswered, stats[1].skipped = 1, 2, 3
 	m := rlqsMemory{RSSIdle: 20e6, RSS: 24e6, HeapIdle: 3e6, Heap: 5e6}
 	row := rlqsRowOf("rlqs", c, 2, stats, 10*time.Second, 200*time.Millisecond, 100*time.Millisecond, 50*time.Millisecond, m)
 	if row.ReportsPerS != 4 || row.BucketsPerS != 40 || row.ServerCores != 0.02 || row.ServerPerReport != 5000 || row.ServerPerBucket != 500 || row.BenchCores != 0.01 || row.BenchPerReport != 2500 {
@@ -183,7 +183,7 @@ func TestRLQSRow(t *testing.T) {
 		t.Errorf("p50 %vµs, want about 1.02ms", p50)
 	}
 	notes := strings.Join(row.Notes, "\n")
-	for _, want := range []string{"4 streams × 10 buckets, each bucket reported by 2 stream(s) (20 distinct buckets)", "1 responses assigned fewer", "2 reports of the window unanswered", "3 reports skipped", "stream errors: Unavailable 1"} {
+	for _, want := range []string{"4 streams × 10 buckets, each bucket reported by 2 stream(s) (20 distinct buckets)", "1 responses pushed without a report", "2 reports of the window unanswered", "3 reports skipped", "stream errors: Unavailable 1"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes\n%s\nwant %q", notes, want)
 		}

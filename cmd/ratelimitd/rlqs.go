@@ -21,6 +21,7 @@ var (
 	rlqsBucketsDesc     = rlqsDesc("buckets", "Buckets the open streams hold (reported and not yet abandoned).")
 	rlqsReportsDesc     = rlqsDesc("reports_total", "Usage reports received.")
 	rlqsPushesDesc      = rlqsDesc("reload_pushes_total", "Responses pushed to a stream without a report, after a rule reload changed its buckets' assignments.")
+	rlqsRebalancesDesc  = rlqsDesc("rebalance_pushes_total", "Responses pushed to a stream without a report, after the budget store showed its buckets' shares moved (a stream ended, another replica's demand changed or it freed budget).")
 	rlqsAssignmentsDesc = rlqsDesc("assignments_total", "Bucket actions sent, by kind: rate (requests per time unit), allow_all, deny_all, abandon.", "kind")
 	rlqsErrorsDesc      = rlqsDesc("stream_errors_total", "Streams the server ended with an error, by gRPC code: InvalidArgument or ResourceExhausted for bad input, Unavailable at shutdown.", "code")
 	rlqsHeldDesc        = rlqsDesc("budget_held", "Budget this replica holds in the backend for the buckets the rule decides (requests per Envoy time unit, summed): its leases, out of which its streams are assigned.", "domain", "rule")
@@ -45,7 +46,7 @@ func withRLQSExplain(h http.Handler, quota *rlqs.Server) http.Handler {
 func registerRLQS(reg prometheus.Registerer, s *rlqs.Server) { reg.MustRegister(rlqsMetrics{s}) }
 
 func (rlqsMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{rlqsStreamsDesc, rlqsBucketsDesc, rlqsReportsDesc, rlqsPushesDesc, rlqsAssignmentsDesc, rlqsErrorsDesc, rlqsUsageDesc, rlqsHeldDesc, rlqsAssignedDesc, rlqsBudgetOpsDesc, rlqsBudgetFailDesc} {
+	for _, d := range []*prometheus.Desc{rlqsStreamsDesc, rlqsBucketsDesc, rlqsReportsDesc, rlqsPushesDesc, rlqsRebalancesDesc, rlqsAssignmentsDesc, rlqsErrorsDesc, rlqsUsageDesc, rlqsHeldDesc, rlqsAssignedDesc, rlqsBudgetOpsDesc, rlqsBudgetFailDesc} {
 		ch <- d
 	}
 }
@@ -56,6 +57,7 @@ func (m rlqsMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(rlqsBucketsDesc, prometheus.GaugeValue, float64(st.Buckets))
 	ch <- prometheus.MustNewConstMetric(rlqsReportsDesc, prometheus.CounterValue, float64(st.Reports))
 	ch <- prometheus.MustNewConstMetric(rlqsPushesDesc, prometheus.CounterValue, float64(st.Pushes))
+	ch <- prometheus.MustNewConstMetric(rlqsRebalancesDesc, prometheus.CounterValue, float64(st.Rebalances))
 	for kind, n := range map[string]uint64{
 		"rate": st.Assignments.Rate, "allow_all": st.Assignments.AllowAll,
 		"deny_all": st.Assignments.DenyAll, "abandon": st.Assignments.Abandon,

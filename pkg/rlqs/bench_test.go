@@ -55,7 +55,7 @@ func BenchmarkBudgetReports(b *testing.B) {
 	ss := make([]*stream, streams)
 	reps := make([]*rlqsv3.RateLimitQuotaUsageReports, streams)
 	for i := range ss {
-		ss[i] = &stream{id: uint64(i + 1), buckets: make(map[string]*streamBucket), reload: make(chan struct{}, 1)}
+		ss[i] = &stream{id: uint64(i + 1), buckets: make(map[string]*streamBucket), wake: make(chan struct{}, 1)}
 		rep := &rlqsv3.RateLimitQuotaUsageReports{Domain: "rlqs"}
 		for j := range buckets {
 			rep.BucketQuotaUsages = append(rep.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{

@@ -263,23 +263,24 @@ type call struct {
 	ttl      time.Duration // the leases' TTL
 	renew    time.Duration // how much of it an assignment needs: renewBy is ttl-renew after the take
 	interval time.Duration // the reporting interval the demand is announced per
-	// The member whose report asked for the renewal, if any, and where its
-	// assignment goes once the call settles.
+	// The member whose report asked for the call, if any, and, for a
+	// renewal, where its assignment goes once the call settles.
 	m     *member
 	qa    *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction
 	until time.Time
 }
 
 // read appends to batch the reads of pool p's budget and announcements,
-// to refresh what the pool knows of the other replicas.
-func (p *pool) read(now time.Time, interval time.Duration, batch *[]algo.Request, calls *[]call) {
+// to refresh what the pool knows of the other replicas, at a report of
+// member m.
+func (p *pool) read(m *member, now time.Time, interval time.Duration, batch *[]algo.Request, calls *[]call) {
 	// Half an interval: a stream's reports come about an interval apart,
 	// a little less at times, and each should read.
 	p.lease.next = now.Add(interval / 2)
 	peek := func(k []byte, lim algo.Limit) algo.Request {
 		return algo.Request{Key: k, Limit: lim, Peek: true, Shadow: true}
 	}
-	*calls = append(*calls, call{p: p, read: true, first: len(*batch), interval: interval})
+	*calls = append(*calls, call{p: p, read: true, first: len(*batch), interval: interval, m: m})
 	*batch = append(*batch, peek(p.keys[0], budgetLimit(p.limit)), peek(p.keys[1], announceLimit()), peek(p.keys[2], announceLimit()))
 }
 

@@ -25,10 +25,8 @@ func TestReplicasShareOneBudget(t *testing.T) {
 	clients := []*rlqssim.Client{r1.sim(t), r1.sim(t), r2.sim(t), r2.sim(t)}
 	const seconds, limit = 20, 100
 	rates := []float64{50, 50, 50, 50}
-	sum := func(cs []*rlqssim.Client) (n uint64) {
-		for _, c := range cs {
-			n += share(c)
-		}
+	sum := func(cs []*rlqssim.Client) uint64 {
+		_, n := settled(cs...)
 		return n
 	}
 	total := 0
@@ -99,28 +97,30 @@ func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 		{[]float64{0, 160}, "the floor (5) to the idle one, the rest to the busy one", func(sa, sb uint64) bool { return sa <= 5 && sb >= 90 }},
 	}
 	for _, ph := range phases {
-		settled := -1
+		followed := -1
 		for round := range 8 {
 			drive(t, r1, clients, ph.rates)
-			sa, sb := share(a), share(b)
+			s, _ := settled(a, b)
+			sa, sb := s[0], s[1]
 			if sa+sb > 100 {
 				t.Fatalf("demand %v, round %d: shares %d + %d exceed the limit 100", ph.rates, round, sa, sb)
 			}
-			if settled < 0 && ph.ok(sa, sb) {
-				settled = round + 1
+			if followed < 0 && ph.ok(sa, sb) {
+				followed = round + 1
 			}
 		}
-		sa, sb := share(a), share(b)
-		if settled < 0 || !ph.ok(sa, sb) {
+		s, _ := settled(a, b)
+		sa, sb := s[0], s[1]
+		if followed < 0 || !ph.ok(sa, sb) {
 			t.Fatalf("demand %v across replicas: shares %d:%d after 8 intervals, want %s", ph.rates, sa, sb, ph.reason)
 		}
 		// A swap of demand moves the smoothed demands half-way per report,
 		// each replica sees the other's one report late, and a stream
 		// gives back what it holds over its target only past a quarter.
-		if settled > 6 {
-			t.Errorf("demand %v across replicas: shares settled after %d intervals, want at most 6", ph.rates, settled)
+		if followed > 6 {
+			t.Errorf("demand %v across replicas: shares followed after %d intervals, want at most 6", ph.rates, followed)
 		}
-		t.Logf("demand %v: shares %d:%d, settled within %d interval(s)", ph.rates, sa, sb, settled)
+		t.Logf("demand %v: shares %d:%d, followed within %d interval(s)", ph.rates, sa, sb, followed)
 	}
 }
 
@@ -167,11 +167,7 @@ func TestBudgetNeverOversubscribed(t *testing.T) {
 		for _, n := range drive(t, replicas[0], clients, rates) {
 			total += n
 		}
-		var sum uint64
-		for _, c := range clients {
-			sum += share(c)
-		}
-		if sum > limit {
+		if _, sum := settled(clients...); sum > limit {
 			t.Fatalf("seed %d, interval %d: assignments in force sum to %d, over %d (rates %v)", seed, round, sum, limit, rates)
 		}
 	}

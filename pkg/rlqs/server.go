@@ -202,9 +202,11 @@ type stream struct {
 	id      uint64
 	domain  string
 	buckets map[string]*streamBucket
-	// reload is signalled by Server.Reload: the stream's goroutine then
-	// pushes the assignments the new rules changed.
-	reload chan struct{}
+	// wake is signalled by Server.Reload, and when the shares of buckets
+	// in moved did (guarded by Server.mu): the stream's goroutine then
+	// pushes the assignments the new rules or shares changed.
+	wake  chan struct{}
+	moved map[string]bool
 }
 
 // streamBucket is one bucket a stream reports.
@@ -266,7 +268,7 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 	s.mu.Lock()
 	s.streams++
 	s.active++
-	ss := &stream{id: s.streams, buckets: make(map[string]*streamBucket), reload: make(chan struct{}, 1)}
+	ss := &stream{id: s.streams, buckets: make(map[string]*streamBucket), wake: make(chan struct{}, 1)}
 	s.open[ss.id] = ss
 	s.mu.Unlock()
 	defer s.leave(ss)
@@ -309,9 +311,13 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 			if err := st.Send(resp); err != nil {
 				return err
 			}
-		case <-ss.reload:
-			if resp := s.reassess(ss); resp != nil {
-				s.counts.pushes.Add(1)
+		case <-ss.wake:
+			if resp, reloaded := s.reassess(ss); resp != nil {
+				if reloaded {
+					s.counts.pushes.Add(1)
+				} else {
+					s.counts.rebalances.Add(1)
+				}
 				s.sent(resp)
 				if err := st.Send(resp); err != nil {
 					return err
@@ -331,49 +337,73 @@ func (s *Server) Reload() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ss := range s.open {
-		select {
-		case ss.reload <- struct{}{}:
-		default: // a push is pending already; it reads the latest rules
-		}
+		ss.signal()
+	}
+}
+
+// signal wakes the stream's goroutine to push what changed.
+func (ss *stream) signal() {
+	select {
+	case ss.wake <- struct{}{}:
+	default: // a push is pending already; it reads the latest rules and shares
 	}
 }
 
 // reassess returns the assignments of the buckets of ss that the rules in
-// force decide otherwise than they were decided, computed as at a report
-// of theirs (budget included) but keeping their demand; nil when there is
-// none. Run on the stream's goroutine.
-func (s *Server) reassess(ss *stream) *rlqsv3.RateLimitQuotaResponse {
+// force decide otherwise than they were decided, or whose share moved
+// (rebalance), computed as at a report of theirs (budget included) but
+// keeping their demand; nil when there is none, or when no assignment
+// differs from what the stream was last sent. reloaded is true when a
+// bucket's decision changed. Run on the stream's goroutine.
+func (s *Server) reassess(ss *stream) (_ *rlqsv3.RateLimitQuotaResponse, reloaded bool) {
 	if ss.domain == "" {
-		return nil // no report yet: nothing assigned
+		return nil, false // no report yet: nothing assigned
 	}
 	var dom *config.Domain
 	if rules := s.opts.Rules(); rules != nil {
 		dom = rules.Domain(ss.domain)
 	}
 	now := s.opts.Now()
-	var resp *rlqsv3.RateLimitQuotaResponse
+	var actions []*rlqsv3.RateLimitQuotaResponse_BucketAction
+	var prev []*typev3.RateLimitStrategy // of a moved bucket: what it was last sent
 	var batch []algo.Request
 	var calls []call
 	s.mu.Lock()
-	for _, b := range ss.buckets {
+	moved := ss.moved
+	ss.moved = nil
+	for key, b := range ss.buckets {
 		var r *config.Rule
 		if dom != nil {
 			r = dom.Match(b.desc)
 		}
-		if decisionFor(r) == b.decided {
+		var last *typev3.RateLimitStrategy
+		switch {
+		case decisionFor(r) != b.decided:
+			reloaded = true
+		case moved[key] && b.pool != nil && b.pool.members[ss.id] != nil:
+			last = b.pool.members[ss.id].sent
+		default:
 			continue
 		}
 		s.track(b, refOf(ss, r), b.allowed)
-		if resp == nil {
-			resp = &rlqsv3.RateLimitQuotaResponse{}
-		}
-		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, -1, now, &batch, &calls))
+		actions = append(actions, s.assignment(ss, b, r, -1, now, &batch, &calls))
+		prev = append(prev, last)
 	}
 	s.mu.Unlock()
 	if len(batch) > 0 {
 		s.settle(batch, calls)
 	}
-	return resp
+	var resp *rlqsv3.RateLimitQuotaResponse
+	for i, a := range actions {
+		if st := a.GetQuotaAssignmentAction().GetRateLimitStrategy(); prev[i] != nil && st == prev[i] {
+			continue // the share moved back, or not enough to change the assignment
+		}
+		if resp == nil {
+			resp = &rlqsv3.RateLimitQuotaResponse{}
+		}
+		resp.BucketAction = append(resp.BucketAction, a)
+	}
+	return resp, reloaded
 }
 
 // refOf names rule r (nil: none) of the domain of ss for usage.
@@ -570,14 +600,16 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 	for i := range calls {
 		c := &calls[i]
 		gives = c.settle(out, err, sent, gives)
-		if c.read || c.m == nil {
-			continue
+		if !c.read && c.m != nil {
+			p, budget := c.p, c.p.limit
+			if p.lease.backs(p.limit, sent) {
+				budget = p.lease.held()
+			}
+			c.qa.RateLimitStrategy = c.m.strategy(p.assign(c.m, budget, math.MaxUint64, c.until), p.unit)
 		}
-		p, budget := c.p, c.p.limit
-		if p.lease.backs(p.limit, sent) {
-			budget = p.lease.held()
+		if err == nil {
+			s.rebalance(c)
 		}
-		c.qa.RateLimitStrategy = c.m.strategy(p.assign(c.m, budget, math.MaxUint64, c.until), p.unit)
 	}
 	s.mu.Unlock()
 	if len(gives) > 0 {
@@ -588,6 +620,43 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 		if err != nil {
 			s.opts.Logger.Warn("rlqs budget not given back: it returns when its leases end", "error", err)
 		}
+	}
+}
+
+// rebalance wakes, after call c settled, the streams of the members of
+// its pool whose share the store's answer moved: their target by over an
+// eighth (and one), or an assignment short of its target while the pool
+// has budget to give. Their new assignments are then
+// pushed at once, rather than at their next reports: a share freed on
+// another replica, or by a stream that ended, is taken within about one
+// interval, the member whose report made the call included (it was
+// assigned by what the pool knew before). A push re-decides the bucket,
+// which may call the store again
+// (at most one renewal of a pool is on its way at once, and reads are
+// spaced): shares settle in a few calls. Called with s.mu held.
+func (s *Server) rebalance(c *call) {
+	p, l := c.p, &c.p.lease
+	if l.dropped {
+		return
+	}
+	room := l.held() > p.assigned || l.free > 0
+	for id, m := range p.members {
+		t := p.targetOf(m, s.pol, l.gCount, l.gDemand)
+		if !drifted(t, m.target) && !(room && m.assigned < t) {
+			continue
+		}
+		ss := s.open[id]
+		if ss == nil {
+			continue
+		}
+		if ss.buckets[p.bucket] == nil || ss.moved[p.bucket] {
+			continue
+		}
+		if ss.moved == nil {
+			ss.moved = make(map[string]bool)
+		}
+		ss.moved[p.bucket] = true
+		ss.signal()
 	}
 }
 
@@ -649,6 +718,7 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		p := s.pools[pk]
 		if p == nil {
 			p = newPool(d.unit, d.limit)
+			p.bucket = b.key
 			s.pools[pk] = p
 		}
 		p.join(ss.id, carried)
@@ -684,7 +754,7 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		// the other replicas freed or need.
 		a := p.assign(m, l.held(), math.MaxUint64, until)
 		if contended && !now.Before(l.next) {
-			p.read(now, b.interval, batch, calls)
+			p.read(m, now, b.interval, batch, calls)
 		}
 		return m.strategy(a, p.unit)
 	}

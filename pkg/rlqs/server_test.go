@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -326,6 +327,33 @@ var acmeBucket = map[string]string{"name": "acme", "route": "/pay"} // 100 per s
 
 func share(c *rlqssim.Client) uint64 {
 	return c.Assignment(acmeBucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit()
+}
+
+// settled returns what the clients are assigned once the pushes the
+// servers sent them have arrived: a push follows the answer of the report
+// whose store call moved the shares, a moment after drive returns, so the
+// assignments are read when they stopped moving for 10 ms. (Until a push
+// arrives, a client may apply a larger share the server replaced already:
+// the delivery delay of docs/rlqs.md's bound.)
+func settled(clients ...*rlqssim.Client) (shares []uint64, sum uint64) {
+	read := func() ([]uint64, uint64) {
+		out, total := make([]uint64, len(clients)), uint64(0)
+		for i, c := range clients {
+			out[i] = share(c)
+			total += out[i]
+		}
+		return out, total
+	}
+	shares, sum = read()
+	for range 100 {
+		time.Sleep(10 * time.Millisecond)
+		again, total := read()
+		if slices.Equal(again, shares) {
+			break
+		}
+		shares, sum = again, total
+	}
+	return shares, sum
 }
 
 // drive runs one reporting interval of simulated time in 10 ms steps, each

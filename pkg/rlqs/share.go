@@ -61,6 +61,7 @@ type poolKey struct{ domain, rule, bucket string }
 // assignments in force, which never sum to more than the budget the
 // replica holds for the pool (the limit, without a Budget).
 type pool struct {
+	bucket  string // the key of its bucket (poolKey.bucket)
 	unit    typev3.RateLimitUnit
 	limit   uint64 // L: requests per unit
 	members map[uint64]*member
@@ -197,13 +198,13 @@ func (p *pool) sweep(now time.Time, interval time.Duration) {
 // [Options.FloorFraction] and [Options.Headroom].
 type policy struct{ floor, headroom float64 }
 
-// retarget computes and records member m's share of the limit: the floor
-// split evenly among the streams, the rest in proportion to demand, and
-// no more than Headroom times the member's own demand (but at least its
-// floor). Streams and demand are this pool's, or at least gCount streams
-// and gDemand requests per second when the streams of all replicas are
+// targetOf returns member m's share of the limit: the floor split evenly
+// among the streams, the rest in proportion to demand, and no more than
+// Headroom times the member's own demand (but at least its floor).
+// Streams and demand are this pool's, or at least gCount streams and
+// gDemand requests per second when the streams of all replicas are
 // counted (with a Budget: see budget.go).
-func (p *pool) retarget(m *member, pol policy, gCount, gDemand float64) uint64 {
+func (p *pool) targetOf(m *member, pol policy, gCount, gDemand float64) uint64 {
 	n := max(uint64(max(p.n, 1)), uint64(gCount))
 	total := max(p.demand, gDemand)
 	floorEach := uint64(pol.floor*float64(p.limit)) / n
@@ -214,10 +215,15 @@ func (p *pool) retarget(m *member, pol policy, gCount, gDemand float64) uint64 {
 	} else {
 		share += rest / n
 	}
-	t := share
 	if want := pol.headroom * m.demand * unitSeconds(p.unit); want < float64(share) {
-		t = max(floorEach, uint64(math.Ceil(want)))
+		return max(floorEach, uint64(math.Ceil(want)))
 	}
+	return share
+}
+
+// retarget computes member m's target (targetOf) and records it.
+func (p *pool) retarget(m *member, pol policy, gCount, gDemand float64) uint64 {
+	t := p.targetOf(m, pol, gCount, gDemand)
 	if m.counted {
 		p.target += t - m.target
 	}

@@ -19,6 +19,10 @@ type Stats struct {
 
 	Reports uint64 // usage reports received
 	Pushes  uint64 // responses pushed without a report, after a reload
+	// Rebalances counts responses pushed without a report because the
+	// store showed a bucket's shares moved (a stream ended, another
+	// replica's demand changed or it freed budget).
+	Rebalances uint64
 	// Assignments are the bucket actions sent, by kind.
 	Assignments Assignments
 	// StreamErrors counts the streams the server ended with an error, by
@@ -66,7 +70,7 @@ type RuleUsage struct {
 
 // counts are a Server's counters; its mutex guards errors and usage.
 type counts struct {
-	reports, pushes                    atomic.Uint64
+	reports, pushes, rebalances        atomic.Uint64
 	rate, allowAll, denyAll, abandoned atomic.Uint64
 	takes, gives, reads, failed        atomic.Uint64
 	buckets                            int
@@ -144,8 +148,9 @@ func (s *Server) failed(err error) error {
 // Stats returns a snapshot of the server's counts.
 func (s *Server) Stats() Stats {
 	st := Stats{
-		Reports: s.counts.reports.Load(),
-		Pushes:  s.counts.pushes.Load(),
+		Reports:    s.counts.reports.Load(),
+		Pushes:     s.counts.pushes.Load(),
+		Rebalances: s.counts.rebalances.Load(),
 		Budget: BudgetOps{
 			Takes: s.counts.takes.Load(), Gives: s.counts.gives.Load(),
 			Reads: s.counts.reads.Load(), Failed: s.counts.failed.Load(),
