@@ -36,8 +36,8 @@ import (
 // row's latency is, per report, from its send to the receipt of that
 // response (the server answers a stream's reports in order, one response
 // each, so a stream's responses are matched to its reports first in,
-// first out; a response assigning fewer buckets is a push, which answers
-// no report, and is counted apart).
+// first out; a response that comes while no report waits is a push,
+// which answers none, and is counted apart).
 
 // The rlqs group's rule: every value of the key in domain rlqsDomain is
 // limited to rlqsLimit requests a second, shared among the streams that
@@ -234,7 +234,7 @@ type rlqsStats struct {
 	latency    histogram // report sent to its response received
 	reports    uint64    // reports sent in the window and answered
 	buckets    uint64    // assignments in those responses
-	pushes     uint64    // responses assigning fewer buckets than a report holds: pushed
+	pushes     uint64    // responses while no report waited for its answer: pushed
 	abandoned  uint64    // abandon actions received
 	unanswered uint64    // reports sent in the window, not answered by the end
 	skipped    uint64    // reports not sent: too many unanswered already
@@ -281,16 +281,20 @@ func runRLQSStreams(ctx context.Context, conns []*grpc.ClientConn, reports []*ra
 					break
 				}
 				now := time.Now()
-				if r.assigned < buckets {
-					// The answer to a report assigns each of its buckets:
-					// this is a push (after a reload, or when the store
-					// showed the shares moved), answering no report.
+				var at time.Time
+				select {
+				case at = <-sent:
+				default:
+					// No report is waiting for its answer: this is a push
+					// (after a reload, or when the store showed a
+					// bucket's shares moved). One that comes while a
+					// report waits is taken for its answer, and the
+					// answer then for a push: a latency a little short.
 					st.mu.Lock()
 					st.pushes++
 					st.mu.Unlock()
 					continue
 				}
-				at := <-sent
 				if at.Before(start) || !at.Before(end) {
 					continue
 				}

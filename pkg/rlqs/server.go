@@ -599,6 +599,7 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 	s.mu.Lock()
 	for i := range calls {
 		c := &calls[i]
+		was := c.p.lease.contended(c.p.limit)
 		gives = c.settle(out, err, sent, gives)
 		if !c.read && c.m != nil {
 			p, budget := c.p, c.p.limit
@@ -607,7 +608,9 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 			}
 			c.qa.RateLimitStrategy = c.m.strategy(p.assign(c.m, budget, math.MaxUint64, c.until), p.unit)
 		}
-		if err == nil {
+		if err == nil && (was || c.p.lease.contended(c.p.limit)) {
+			// Where the budget is plentiful (and was), a stream takes
+			// what it needs at its next report: nothing to push.
 			s.rebalance(c)
 		}
 	}
@@ -626,7 +629,8 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 // rebalance wakes, after call c settled, the streams of the members of
 // its pool whose share the store's answer moved: their target by over an
 // eighth (and one), or an assignment short of its target while the pool
-// has budget to give. Their new assignments are then
+// has budget to give. (Settle calls it where the budget was or is
+// contended.) Their new assignments are then
 // pushed at once, rather than at their next reports: a share freed on
 // another replica, or by a stream that ended, is taken within about one
 // interval, the member whose report made the call included (it was
