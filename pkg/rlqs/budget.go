@@ -202,9 +202,9 @@ func leaseTTL(ttl, interval time.Duration, scarce bool) time.Duration {
 //   - contended, it has not announced its demand, or what it announced
 //     (demand per interval and streams) moved by over an eighth; or it is
 //     hungry: its members' targets sum to more than it holds while they
-//     use at least 90% of it, so it asks again and takes what the others
-//     freed; or it holds more than its targets by over a quarter, so the
-//     excess goes back for the others;
+//     use at least 90% of it and the store showed units nobody holds, so
+//     it takes what the others freed; or it holds more than its targets
+//     by over a quarter, so the excess goes back for the others;
 //   - plentiful, its targets rose by over a quarter of what it holds, or
 //     fell to half: a lease a little off its targets costs nobody
 //     anything while the pool has units to spare.
@@ -220,7 +220,7 @@ func (p *pool) renewal(contended bool, interval time.Duration) bool {
 	if !l.announced {
 		return true
 	}
-	if p.target > held && p.demand*unitSeconds(p.unit) >= 0.9*float64(held) {
+	if p.target > held && l.free > 0 && p.demand*unitSeconds(p.unit) >= 0.9*float64(held) {
 		return true
 	}
 	if held > p.target+p.target/4 {

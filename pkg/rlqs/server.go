@@ -202,11 +202,13 @@ type stream struct {
 	id      uint64
 	domain  string
 	buckets map[string]*streamBucket
-	// wake is signalled by Server.Reload, and when the shares of buckets
-	// in moved did (guarded by Server.mu): the stream's goroutine then
-	// pushes the assignments the new rules or shares changed.
-	wake  chan struct{}
-	moved map[string]bool
+	// wake is signalled by Server.Reload (which sets reload), and when the
+	// shares of the buckets in moved did (both guarded by Server.mu): the
+	// stream's goroutine then pushes the assignments the new rules or
+	// shares changed.
+	wake   chan struct{}
+	reload bool
+	moved  map[string]bool
 }
 
 // streamBucket is one bucket a stream reports.
@@ -337,6 +339,7 @@ func (s *Server) Reload() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ss := range s.open {
+		ss.reload = true
 		ss.signal()
 	}
 }
@@ -369,9 +372,25 @@ func (s *Server) reassess(ss *stream) (_ *rlqsv3.RateLimitQuotaResponse, reloade
 	var batch []algo.Request
 	var calls []call
 	s.mu.Lock()
-	moved := ss.moved
-	ss.moved = nil
-	for key, b := range ss.buckets {
+	moved, all := ss.moved, ss.reload
+	ss.moved, ss.reload = nil, false
+	// After a reload every bucket is matched again; otherwise only those
+	// whose share moved.
+	keys := make([]string, 0, len(moved))
+	if all {
+		for key := range ss.buckets {
+			keys = append(keys, key)
+		}
+	} else {
+		for key := range moved {
+			keys = append(keys, key)
+		}
+	}
+	for _, key := range keys {
+		b := ss.buckets[key]
+		if b == nil {
+			continue // abandoned since
+		}
 		var r *config.Rule
 		if dom != nil {
 			r = dom.Match(b.desc)
@@ -628,9 +647,8 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 
 // rebalance wakes, after call c settled, the streams of the members of
 // its pool whose share the store's answer moved: their target by over an
-// eighth (and one), or an assignment short of its target while the pool
-// has budget to give. (Settle calls it where the budget was or is
-// contended.) Their new assignments are then
+// eighth (and one), or an assignment short of its target by what the pool
+// can still give. (Settle calls it where the budget was or is contended.) Their new assignments are then
 // pushed at once, rather than at their next reports: a share freed on
 // another replica, or by a stream that ended, is taken within about one
 // interval, the member whose report made the call included (it was
@@ -643,11 +661,25 @@ func (s *Server) rebalance(c *call) {
 	if l.dropped {
 		return
 	}
-	room := l.held() > p.assigned || l.free > 0
+	// What the pool could give at once: what its lease holds beyond the
+	// assignments in force, and what no replica holds. Members short of
+	// their target are pushed while it lasts, not all for one free unit.
+	var room uint64
+	if held := l.held(); held > p.assigned {
+		room = held - p.assigned
+	}
+	room += l.free
 	for id, m := range p.members {
 		t := p.targetOf(m, s.pol, l.gCount, l.gDemand)
-		if !drifted(t, m.target) && !(room && m.assigned < t) {
+		// A small shortfall is pushed only when units nobody holds appeared
+		// (a stream ended, a replica gave back): it is otherwise the
+		// rounding of targets that sum a little over the limit.
+		short := m.assigned < t && t-m.assigned <= room && (l.free > 0 || t-m.assigned > t/8)
+		if !drifted(t, m.target) && !short {
 			continue
+		}
+		if short {
+			room -= t - m.assigned
 		}
 		ss := s.open[id]
 		if ss == nil {
