@@ -15,7 +15,7 @@
 // (ALLOW_ALL unless configured). An unlimited or shadow-mode rule assigns
 // ALLOW_ALL; a limit of 0 assigns DENY_ALL.
 //
-// # Fairness policy (phase 1)
+// # Fairness policy
 //
 // The streams of one replica that report the same bucket of the same rule
 // share the rule's limit L (its most restrictive limit, as a count per Envoy
@@ -23,33 +23,39 @@
 // denied requests per second, an exponentially weighted average over its
 // reports. Its target is
 //
-//	floor(F·L / n) + floor((L − n·floor(F·L/n)) · d_s / Σd)
+//	min(floor(F·L/n) + floor((L − n·floor(F·L/n)) · d_s / Σd),  max(floor(F·L/n), ceil(H · d_s · U)))
 //
-// with n the streams reporting the bucket and F = [Options.FloorFraction]
-// (default 0.1): a tenth of the limit is split evenly, so a new or idle
-// stream is never starved, and the rest follows demand (evenly when no
-// stream has any). A stream is assigned min(target, L − Σ assignments still
-// in force for the other streams), so the assignments in force on a replica
-// never sum to more than L, even while shares move: a stream whose share
-// grows takes what the others gave back at their own reports, within one or
-// two reporting intervals.
+// with n the streams reporting the bucket, F = [Options.FloorFraction]
+// (0.1) and H = [Options.Headroom] (2): a tenth of the limit is split
+// evenly, so a new or idle stream is never starved, the rest follows
+// demand, and no stream is given more than twice what it uses, so unused
+// budget stays free for whoever grows. A stream is assigned min(target,
+// B − Σ assignments still in force for the other streams), B being the
+// limit or the budget the replica holds, so the assignments in force on a
+// replica never sum to more than B. A pool keeps running sums of its
+// streams (share.go), so a report costs the same however many share it.
 //
-// # Across replicas (phase 2)
+// # Across replicas
 //
 // With [Options.Budget] (ratelimitd's backend: the lease engine in front of
-// Redis, or the memory backend), every assignment is backed by a lease of
-// as many hits taken from a store shared by all replicas, where the limit
-// is a semaphore of L units (budget.go): the assignments in force across
-// every replica sum to at most L. Each report gives back the stream's
-// previous lease and takes the new one (at most its target) in one atomic
-// call, which also announces the stream's demand, so that n and Σd above
-// count the streams of all replicas. Without a Budget, a replica shares L
-// among its own streams only (phase 1). See docs/rlqs.md.
+// Redis, or the memory backend), the limit is a semaphore of L units in a
+// store shared by all replicas, and each replica holds one lease of it per
+// pool, out of which its streams are assigned (budget.go): the
+// assignments in force across every replica sum to at most L. A replica
+// renews its lease (the old one given back, the new one taken, in one
+// atomic call for all the pools of a report) when its targets drift from
+// it or before it ends too soon. Where the budget is scarce, the pool also
+// announces its demand and streams, reads the others' between renewals,
+// and pushes its streams new assignments as soon as a call shows their
+// shares moved. Without a Budget, a replica shares L among its own streams
+// only. See docs/rlqs.md.
 //
-// # Reload and metrics
+// # Reload, explain and metrics
 //
 // [Server.Reload], called once new rules are in force, pushes to every
 // open stream the assignments of the buckets the new rules decide
-// otherwise, without waiting for a report. [Server.Stats] is a snapshot
-// of the counts that ratelimitd exports as ratelimitd_rlqs_* metrics.
+// otherwise, without waiting for a report. [Server.Explain] tells how a
+// bucket id is decided and what is held for it. [Server.Stats] is a
+// snapshot of the counts that ratelimitd exports as ratelimitd_rlqs_*
+// metrics.
 package rlqs
