@@ -32,6 +32,7 @@ var allowedDeps = map[string][]string{
 	"pkg/reload":            {"pkg/config"},
 	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key"}, // a service: takes its budget through the algo.Backend interface
 	"pkg/rlqs/rlqssim":      {},
+	"pkg/region":            {"pkg/algo", "proto/ratelimitd/v1"}, // a backend in front of a backend, and the sync service between regions
 	"pkg/xds":               {"pkg/config"},
 	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
 	"pkg/metrics/refstats":  {"pkg/config", "pkg/metrics", "pkg/service"},

@@ -53,6 +53,7 @@ type serveConfig struct {
 	maxDetailedSeries   int
 	enableReset         bool
 	rlqs                rlqsConfig
+	region              regionConfig
 	shadowMode          bool
 	quotaMode           bool
 	localShare          float64
@@ -149,6 +150,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	addXDSFlags(fs, &c.xds)
 	addRefStatsFlags(fs, &c.refStats)
 	addRLQSFlags(fs, &c.rlqs)
+	addRegionFlags(fs, &c.region)
 	return fs
 }
 
@@ -292,6 +294,9 @@ func (c *serveConfig) validate() error {
 		return err
 	}
 	if err := c.rlqs.validate(c.source); err != nil {
+		return err
+	}
+	if err := c.region.validate(c.source); err != nil {
 		return err
 	}
 	return c.refStats.validate(c.source)

@@ -27,6 +27,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/metrics"
+	"github.com/ratelimitd/ratelimitd/pkg/region"
 	"github.com/ratelimitd/ratelimitd/pkg/reload"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -185,7 +186,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		Logger: log, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
-		Observer: service.Tee(mets, ref.observer()), EnableReset: c.enableReset, Leases: be.leases,
+		Observer: service.Tee(mets, ref.observer()), EnableReset: c.enableReset, Leases: be.leases, Global: be.global,
 		ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
 		ReferenceKeys: c.referenceKeys(),
 	})
@@ -213,8 +214,10 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		}
 		registerRLQS(reg, quota)
 	}
+	warnGlobalAlone(c, rules, log)
 	setRules := func(r *config.Rules) {
 		svc.SetRules(r)
+		warnGlobalAlone(c, r, log)
 		if quota != nil {
 			quota.Reload() // after SetRules: the pushes read the new rules
 		}
@@ -292,6 +295,15 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	gs := grpc.NewServer(grpcOpts...)
 	svc.RegisterGRPC(gs)
+	if be.region != nil {
+		be.region.Register(gs)
+		registerRegion(reg, be.region)
+		// The sync goes on while the servers drain after SIGTERM, so that
+		// the peers do not count this region as cut off meanwhile.
+		rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer rcancel()
+		go be.region.Run(rctx)
+	}
 	if quota != nil {
 		quota.Register(gs)
 		log.Info("serving Envoy's Rate Limit Quota Service (RLQS) on the gRPC port; each limit's budget is held in the backend, shared by every replica on it (docs/rlqs.md)", "backend", c.backend)
@@ -405,12 +417,24 @@ type backends struct {
 	main     algo.Backend
 	fallback algo.Backend     // decides while main fails, in failure mode local
 	leases   algo.LeaseReader // what this replica holds of leased keys; nil without leasing
+	// region counts the limits of scope: global across regions; nil
+	// without -region. global is the same, nil without it.
+	region *region.Engine
+	global algo.GlobalReader
 	// quota holds RLQS budgets across replicas: the store itself (behind
 	// the lease engine and the breaker), without the over-limit cache,
 	// which must not answer takes and gives from memory.
 	quota algo.Backend
 	now   func() time.Time
 	close func()
+}
+
+// setRegion records the region engine e (nil: none).
+func (be *backends) setRegion(e *region.Engine) {
+	be.region = e
+	if e != nil {
+		be.global = e
+	}
 }
 
 // leaseReturnTimeout bounds giving leases back at shutdown.
@@ -474,11 +498,20 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 			},
 		})
 		registerBreaker(reg, guard)
+		// Limits of scope: global are decided against the other regions'
+		// counts, kept in this region's Redis; others pass through.
+		inner, eng, err := newRegion(c, guard, region.NewRedisStore(b.Client(), c.redisPrefix), be.now, log)
+		if err != nil {
+			b.Close()
+			return nil, err
+		}
+		be.setRegion(eng)
 		// Rules with consistency: leased are decided in process from
-		// budget leased out of Redis; others pass through.
+		// budget leased out of Redis (of the region engine for global
+		// ones: it lowers what a take may take); others pass through.
 		lopts := c.lease
 		lopts.Now, lopts.Logger, lopts.Timeout = be.now, log, max(c.breaker.Timeout, lease.DefaultTimeout)
-		leases, err := lease.New(guard, lopts)
+		leases, err := lease.New(inner, lopts)
 		if err != nil {
 			b.Close()
 			return nil, err
@@ -502,7 +535,13 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		log.Info("backend ready", "backend", "memory", "max_keys", c.memoryMaxKeys)
 		go watchEvictions(ctx, b, log, evictionReportInterval)
 		registerMemory(reg, b)
-		be.main, be.quota, be.close = b, b, func() { b.Close() }
+		main, eng, err := newRegion(c, b, region.NewMemoryStore(be.now), be.now, log)
+		if err != nil {
+			b.Close()
+			return nil, err
+		}
+		be.setRegion(eng)
+		be.main, be.quota, be.close = main, b, func() { b.Close() }
 	}
 	if c.localCacheKeys > 0 {
 		cache, err := overlimit.New(be.main, overlimit.Options{MaxKeys: c.localCacheKeys, Now: be.now})

@@ -47,6 +47,12 @@ type Request struct {
 	// budget it leased earlier (package lease). A backend that holds the
 	// state itself decides it like any other request.
 	Leased bool
+	// Global marks a request of a limit with scope: global, which a region
+	// engine in front of the backend decides against the counts the other
+	// regions reported (package region) by lowering its limit, for this
+	// request only, by what they counted in its window. A backend decides
+	// it like any other request.
+	Global Global
 	// Op is what the request does to its key's state; the zero value
 	// decides Hits. A take or a give reads its arguments from Lease.
 	Op    Op
@@ -95,6 +101,23 @@ func (h Holder) String() string {
 	}
 	return string(b[:])
 }
+
+// Global says how a [Request] of a limit with scope: global is decided
+// while its region cannot hear from a peer region; the zero value marks a
+// limit counted in its region alone.
+type Global uint8
+
+const (
+	// NotGlobal: the limit is counted in this region alone.
+	NotGlobal Global = iota
+	// GlobalShare: a peer region that is not heard from counts as what it
+	// was last known to count, or its share of the limit, whichever is
+	// more.
+	GlobalShare
+	// GlobalExactLocal: while a peer region is not heard from, the limit
+	// is decided on this region's count alone.
+	GlobalExactLocal
+)
 
 // Op is what a [Request] does to its key's state.
 type Op uint8
@@ -234,4 +257,45 @@ type Backend interface {
 // are not read.
 type Resetter interface {
 	Reset(ctx context.Context, reqs []Request) error
+}
+
+// GlobalState is what a region engine knows of one key of a limit of
+// scope: global, in the window that holds now.
+type GlobalState struct {
+	// Window is the window's start and length.
+	Start  time.Time
+	Window time.Duration
+	// Counts are the regions' counts in it: this region's first, then
+	// each peer's as last heard.
+	Counts []RegionCount
+	// Offset is what a request now counts against the limit for the peers:
+	// their counts, or for a peer cut off its reserved share
+	// (GlobalShare), or nothing while a peer is cut off
+	// (GlobalExactLocal).
+	Offset uint64
+	// Unseen estimates the hits the peers admitted that this region has
+	// not heard of yet: each peer's rate, as its counts grew, times how
+	// long it has gone unheard plus one sync interval.
+	Unseen float64
+}
+
+// RegionCount is one region's count of a global key, as a region engine
+// knows it.
+type RegionCount struct {
+	Region string
+	Count  uint64
+	// Unheard is how long since the region was last heard (zero for this
+	// region); CutOff, whether it counts as cut off; Reserved, what is
+	// counted for it while it is (on_partition: share).
+	Unheard  time.Duration
+	CutOff   bool
+	Reserved uint64
+	// Rate is how fast its count grew when last heard, hits per second.
+	Rate float64
+}
+
+// GlobalReader reports what a region engine knows of a global key, for
+// operators (explain).
+type GlobalReader interface {
+	GlobalState(key []byte, l Limit, g Global) (GlobalState, bool)
 }

@@ -121,6 +121,82 @@ func ParseConsistency(s string) (Consistency, error) {
 	return 0, fmt.Errorf("unknown consistency %q; accepted: exact, leased", s)
 }
 
+// Scope is a limit's rate_limit.scope: which requests share its count.
+// The zero value is Region, the default.
+type Scope uint8
+
+const (
+	// Region counts the limit in each region on its own: every region
+	// (its replicas and its Redis) admits up to the limit.
+	Region Scope = iota
+	// Global counts the limit across all regions: each region admits
+	// while the count of every region it knows, its own included, is
+	// under the limit; the regions exchange their counts asynchronously
+	// (docs/multi-region.md).
+	Global
+)
+
+// String returns the scope's rule-file name.
+func (s Scope) String() string {
+	switch s {
+	case Region:
+		return "region"
+	case Global:
+		return "global"
+	}
+	return fmt.Sprintf("scope(%d)", uint8(s))
+}
+
+// ParseScope returns the scope named s.
+func ParseScope(s string) (Scope, error) {
+	switch s {
+	case "region":
+		return Region, nil
+	case "global":
+		return Global, nil
+	}
+	return 0, fmt.Errorf("unknown scope %q; accepted: region, global", s)
+}
+
+// Partition is a global limit's rate_limit.on_partition: what a region
+// admits while it cannot hear from a peer region. The zero value is
+// Share, the default.
+type Partition uint8
+
+const (
+	// Share admits the region's share of the limit: the limit less what
+	// every peer it cannot hear was last known to count, or that peer's
+	// share (its -region-weight), whichever is more. The regions on both
+	// sides of a partition then admit no more than the limit together.
+	Share Partition = iota
+	// ExactLocal decides the limit per region while a peer is unheard:
+	// the region admits up to the whole limit on its own count, as with
+	// scope: region. Availability over the global count.
+	ExactLocal
+)
+
+// String returns the partition behaviour's rule-file name.
+func (p Partition) String() string {
+	switch p {
+	case Share:
+		return "share"
+	case ExactLocal:
+		return "exact-local"
+	}
+	return fmt.Sprintf("partition(%d)", uint8(p))
+}
+
+// ParsePartition returns the partition behaviour named s.
+func ParsePartition(s string) (Partition, error) {
+	switch s {
+	case "share":
+		return Share, nil
+	case "exact-local":
+		return ExactLocal, nil
+	}
+	return 0, fmt.Errorf("unknown on_partition %q; accepted: share, exact-local", s)
+}
+
 // ParseAlgorithm returns the algorithm named s. Names are case-sensitive,
 // like every other rule-file keyword.
 func ParseAlgorithm(s string) (Algorithm, error) {

@@ -669,6 +669,46 @@ descriptors:
 	}
 }
 
+// TestScope reads rate_limit.scope and on_partition: region by default,
+// global with share on a partition unless it says exact-local, per entry
+// of rate_limits, and global with consistency: leased.
+func TestScope(t *testing.T) {
+	r := parse(t, `
+domain: api
+descriptors:
+  - key: plain
+    rate_limit: {requests_per_unit: 10, unit: second}
+  - key: world
+    rate_limit: {requests_per_unit: 10, unit: second, scope: global}
+  - key: both
+    rate_limits:
+      - {requests_per_unit: 10, unit: second, scope: global, on_partition: exact-local, consistency: leased}
+      - {requests_per_unit: 100, unit: minute, scope: region}
+      - {requests_per_unit: 1000, unit: hour, scope: global, on_partition: share}
+`)
+	type sp struct {
+		s Scope
+		p Partition
+		c Consistency
+	}
+	want := map[string][]sp{
+		"plain": {{Region, Share, Exact}},
+		"world": {{Global, Share, Exact}},
+		"both":  {{Global, ExactLocal, Leased}, {Region, Share, Exact}, {Global, Share, Exact}},
+	}
+	for k, ls := range want {
+		rule := r.Domain("api").Match(&entries{{k, "v"}})
+		if rule == nil {
+			t.Fatalf("%s: no rule", k)
+		}
+		for i, w := range ls {
+			if l := rule.Limits[i]; (sp{l.Scope, l.OnPartition, l.Consistency}) != w {
+				t.Errorf("%s: limit %d is %v/%v/%v, want %v", k, i, l.Scope, l.OnPartition, l.Consistency, w)
+			}
+		}
+	}
+}
+
 // TestConcurrency reads concurrency blocks: alone, beside a rate limit,
 // and with the default lease TTL.
 func TestConcurrency(t *testing.T) {

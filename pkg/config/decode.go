@@ -26,8 +26,8 @@ const (
 	domainFields     = "domain, descriptors, failure_mode"
 	descriptorFields = "key, value, rate_limit, rate_limits, concurrency, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
 		"share_threshold, quota_mode, metadata"
-	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency"
-	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency"
+	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency, scope, on_partition"
+	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency, scope, on_partition"
 	replacesFields   = "name"
 )
 
@@ -247,13 +247,13 @@ func (p *parser) decodeRateLimits(n *yaml.Node, field string) []limitBlock {
 // limitBlock is one limit being parsed: a rate_limit block or an entry of
 // rate_limits, with the nodes of the fields it set.
 type limitBlock struct {
-	node                              *yaml.Node
-	field                             string
-	rpu, unit, mult, alg, burst, cons *yaml.Node
-	lim                               Limit
-	ok                                bool // every field given is well-formed
-	listed                            bool // an entry of rate_limits
-	unlimited                         bool // an entry of rate_limits saying unlimited, refused
+	node                                           *yaml.Node
+	field                                          string
+	rpu, unit, mult, alg, burst, cons, scope, part *yaml.Node
+	lim                                            Limit
+	ok                                             bool // every field given is well-formed
+	listed                                         bool // an entry of rate_limits
+	unlimited                                      bool // an entry of rate_limits saying unlimited, refused
 }
 
 // limitField parses field f of a limit block when it is one of the fields
@@ -291,6 +291,12 @@ func (p *parser) limitField(b *limitBlock, f mappingField, sub string) bool {
 	case "consistency":
 		b.cons = f.val
 		b.lim.Consistency, good = keyword(p, f.val, sub, ParseConsistency)
+	case "scope":
+		b.scope = f.val
+		b.lim.Scope, good = keyword(p, f.val, sub, ParseScope)
+	case "on_partition":
+		b.part = f.val
+		b.lim.OnPartition, good = keyword(p, f.val, sub, ParsePartition)
 	default:
 		return false
 	}

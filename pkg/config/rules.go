@@ -249,6 +249,11 @@ type Limit struct {
 	// Consistency says where the limit is decided: in the backend (Exact)
 	// or by each replica from leased budget (Leased).
 	Consistency Consistency
+	// Scope says whether the limit is counted in each region (Region) or
+	// across all regions (Global); OnPartition, what a region admits of a
+	// global limit while it cannot hear a peer region.
+	Scope       Scope
+	OnPartition Partition
 }
 
 // Capacity returns the limit's bucket capacity: Burst, or RequestsPerUnit

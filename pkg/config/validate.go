@@ -115,7 +115,7 @@ func (p *parser) checkRateLimit(b *limitBlock, unlimited bool) bool {
 	for _, c := range []struct {
 		n    *yaml.Node
 		name string
-	}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}, {b.cons, "consistency"}} {
+	}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}, {b.cons, "consistency"}, {b.scope, "scope"}, {b.part, "on_partition"}} {
 		if c.n != nil {
 			p.fail(c.n, b.field+"."+c.name, "must not be set together with unlimited: true; an unlimited rule counts nothing")
 			ok = false
@@ -198,6 +198,16 @@ func (p *parser) checkLimit(b *limitBlock) bool {
 	l.Window = time.Duration(l.UnitMultiplier) * l.Unit.Duration()
 	if b.burst != nil && !l.Algorithm.UsesBurst() {
 		p.fail(b.burst, b.field+".burst", "%s does not use burst; only bucket algorithms take a capacity", l.Algorithm)
+		return false
+	}
+	if l.Scope == Global && l.Algorithm != FixedWindow {
+		p.fail(b.scope, b.field+".scope", "global counts a limit as the sum of each region's count in a window: "+
+			"only fixed_window keeps one count per window, not %s (or scope: region)", l.Algorithm)
+		return false
+	}
+	if b.part != nil && l.Scope != Global {
+		p.fail(b.part, b.field+".on_partition", "is for scope: global, what a region admits while it cannot hear a peer; "+
+			"a limit of scope: region never waits on another region")
 		return false
 	}
 	if l.Consistency == Leased && !l.Algorithm.Leasable() {

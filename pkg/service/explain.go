@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -99,6 +100,11 @@ type ExplainDescriptor struct {
 	// for the others), what this replica holds of it now; omitted when no
 	// limit of the descriptor is leased or the server does not lease.
 	Leases []*ExplainLease `json:"leases,omitempty"`
+	// Global is, for each key of a limit of scope: global (in the order
+	// of Keys, nil for the others), what this replica knows of the count
+	// of every region; omitted when no limit of the descriptor is global
+	// or the server has no region.
+	Global []*ExplainGlobal `json:"global,omitempty"`
 	// Slots is, for a rule with a concurrency limit, its slots now.
 	Slots *ExplainSlots `json:"slots,omitempty"`
 	// Levels is the walk down the domain's rules, one level per entry
@@ -204,6 +210,42 @@ type ExplainLease struct {
 	Fetching bool `json:"fetching"`
 }
 
+// ExplainGlobal is what the replica that answered knows of a limit of
+// scope: global, in the window that holds now (docs/multi-region.md).
+type ExplainGlobal struct {
+	// WindowStart is the window's start, RFC 3339 on this replica's clock.
+	WindowStart string `json:"windowStart"`
+	// Regions are the counts of every region: this one first, then each
+	// peer as last heard.
+	Regions []ExplainRegion `json:"regions"`
+	// Count is their sum: the global count as this region knows it.
+	Count uint64 `json:"count"`
+	// Offset is what a request now counts for the peers against the
+	// limit: their counts, or what is reserved for a peer cut off.
+	Offset uint64 `json:"offset"`
+	// Unseen estimates the hits the peers admitted that this region has
+	// not heard yet (each peer's rate times how long it has been unheard
+	// plus one sync interval): how far the global count may now be over
+	// what is known.
+	Unseen float64 `json:"unseen"`
+}
+
+// ExplainRegion is one region's count of a global limit.
+type ExplainRegion struct {
+	Region string `json:"region"`
+	Count  uint64 `json:"count"`
+	// Unheard is how long since the region was last heard from, as a Go
+	// duration; empty for this region, "never" for a peer never heard.
+	Unheard string `json:"unheard,omitempty"`
+	// CutOff is set for a peer unheard for longer than the partition
+	// threshold; Reserved is then what is counted for it (on_partition:
+	// share).
+	CutOff   bool   `json:"cutOff,omitempty"`
+	Reserved uint64 `json:"reserved,omitempty"`
+	// Rate is how fast its count grew when last heard, hits per second.
+	Rate float64 `json:"rate,omitempty"`
+}
+
 // serveExplain answers POST /explain. It takes the body of POST /json, a
 // RateLimitRequest in JSON (protojson), refuses it as POST /json does (400
 // with {"error": ...} naming the bound broken), and answers 200 with an
@@ -283,6 +325,7 @@ func (s *Service) explain(ctx context.Context, req *rlsv3.RateLimitRequest) *Exp
 				ed.Keys = append(ed.Keys, printableKey(r.Key))
 			}
 			ed.Leases = s.leasesExplained(sc.reqs[c.req : c.req+c.n])
+			ed.Global = s.globalExplained(sc.reqs[c.req : c.req+c.n])
 		}
 		if c.override != nil {
 			ed.Result = ExplainOverride
@@ -336,6 +379,7 @@ func (s *Service) explain(ctx context.Context, req *rlsv3.RateLimitRequest) *Exp
 				ed.Why = append(ed.Why, fmt.Sprintf("rule %s is in shadow mode: decided and counted like any other, but it never causes a refusal (OK, with 0 remaining when over)", c.rule.ID))
 			}
 			ed.Why = append(ed.Why, s.leasesWhy(c.rule, ed.Leases)...)
+			ed.Why = append(ed.Why, s.globalWhy(c.rule, ed.Global)...)
 			if c.slot >= 0 {
 				ed.Why = append(ed.Why, fmt.Sprintf("rule %s also limits requests in flight: Acquire takes one of its slots with the count; ShouldRateLimit, Check and Peek decide its rate limits only", c.rule.ID))
 				ed.Why = append(ed.Why, slotsWhy(c.rule, ed.Slots)...)
@@ -415,6 +459,73 @@ func (s *Service) leasesExplained(reqs []algo.Request) []*ExplainLease {
 		out[i] = &ExplainLease{Held: st.Held, EndsIn: st.Ends.String(), Rate: st.Rate, Fetching: st.Fetching}
 	}
 	return out
+}
+
+// globalExplained returns what this replica knows of each global key of
+// reqs, nil when none is global or the server has no region.
+func (s *Service) globalExplained(reqs []algo.Request) []*ExplainGlobal {
+	if s.global == nil {
+		return nil
+	}
+	var out []*ExplainGlobal
+	for i := range reqs {
+		st, ok := s.global.GlobalState(reqs[i].Key, reqs[i].Limit, reqs[i].Global)
+		if !ok {
+			continue
+		}
+		if out == nil {
+			out = make([]*ExplainGlobal, len(reqs))
+		}
+		eg := &ExplainGlobal{WindowStart: st.Start.UTC().Format(time.RFC3339Nano), Offset: st.Offset, Unseen: st.Unseen}
+		for j, c := range st.Counts {
+			er := ExplainRegion{Region: c.Region, Count: c.Count, CutOff: c.CutOff, Reserved: c.Reserved, Rate: c.Rate}
+			switch {
+			case j == 0:
+			case c.Unheard < 0:
+				er.Unheard = "never"
+			default:
+				er.Unheard = c.Unheard.Round(time.Millisecond).String()
+			}
+			eg.Count += c.Count
+			eg.Regions = append(eg.Regions, er)
+		}
+		out[i] = eg
+	}
+	return out
+}
+
+// globalWhy says, for a rule with global limits, how the regions count
+// them.
+func (s *Service) globalWhy(r *config.Rule, global []*ExplainGlobal) []string {
+	var why []string
+	for j, l := range r.Limits {
+		if l.Scope != config.Global {
+			continue
+		}
+		if global == nil || global[j] == nil {
+			why = append(why, fmt.Sprintf("limit %d is global, but this server has no region (-region): it is counted here alone", j))
+			continue
+		}
+		g := global[j]
+		var parts []string
+		for k, rg := range g.Regions {
+			switch {
+			case k == 0:
+				parts = append(parts, fmt.Sprintf("%s %d (this region)", rg.Region, rg.Count))
+			case rg.CutOff:
+				parts = append(parts, fmt.Sprintf("%s %d (cut off, unheard for %s; %d counted for it)", rg.Region, rg.Count, rg.Unheard, rg.Reserved))
+			default:
+				parts = append(parts, fmt.Sprintf("%s %d (heard %s ago)", rg.Region, rg.Count, rg.Unheard))
+			}
+		}
+		w := fmt.Sprintf("limit %d is global (on_partition: %s): in the window from %s the regions count %s, %d in all of %d; a request counts against %d less %d for the peers",
+			j, l.OnPartition, g.WindowStart, strings.Join(parts, ", "), g.Count, l.RequestsPerUnit, l.RequestsPerUnit, g.Offset)
+		if g.Unseen >= 1 {
+			w += fmt.Sprintf("; the peers may have admitted about %.0f more not heard of yet", g.Unseen)
+		}
+		why = append(why, w)
+	}
+	return why
 }
 
 // leasesWhy says, for a rule with leased limits, where they are decided.

@@ -245,7 +245,7 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 		sc.keys = appendDescriptor(sc.keys, req.Domain, d, c.rule)
 		end := len(sc.keys)
 		if c.override != nil {
-			sc.add(overrideLimit(c.override), h, false, false)
+			sc.add(overrideLimit(c.override), h, false, false, algo.NotGlobal)
 			c.n = 1
 			if sc.reference && referenceOverride(c.override) {
 				sc.setReference(c.req, req.Domain, d, nil)
@@ -262,7 +262,7 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 				sc.keys = append(sc.keys, sc.keys[start:end]...)
 			}
 			l := &c.rule.Limits[j]
-			sc.add(ruleLimit(l), h, c.rule.ShadowMode || c.quota, l.Consistency == config.Leased)
+			sc.add(ruleLimit(l), h, c.rule.ShadowMode || c.quota, l.Consistency == config.Leased, globalOf(l))
 		}
 		c.n = len(c.rule.Limits)
 		if sc.reference && ReferenceRule(c.rule) {
@@ -273,7 +273,7 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 				sc.keys = append(sc.keys, sc.keys[start:end]...)
 			}
 			c.slot = len(sc.reqs)
-			sc.add(slotLimit(cl), 1, c.rule.ShadowMode, false)
+			sc.add(slotLimit(cl), 1, c.rule.ShadowMode, false, algo.NotGlobal)
 			r := &sc.reqs[c.slot]
 			r.Op, r.Holder = algo.OpAcquire, holder
 		}
@@ -296,11 +296,23 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 }
 
 // add appends a backend request under limit l, its key the descriptor
-// just appended to sc.keys; leased marks a limit with consistency: leased.
-func (sc *scratch) add(l algo.Limit, hits uint64, shadow, leased bool) {
+// just appended to sc.keys; leased marks a limit with consistency: leased,
+// global one with scope: global.
+func (sc *scratch) add(l algo.Limit, hits uint64, shadow, leased bool, global algo.Global) {
 	sc.keys = key.AppendLimit(sc.keys, l)
 	sc.keyEnds = append(sc.keyEnds, len(sc.keys))
-	sc.reqs = append(sc.reqs, algo.Request{Limit: l, Hits: hits, Shadow: shadow, Leased: leased})
+	sc.reqs = append(sc.reqs, algo.Request{Limit: l, Hits: hits, Shadow: shadow, Leased: leased, Global: global})
+}
+
+// globalOf says how a request of limit l is decided across regions.
+func globalOf(l *config.Limit) algo.Global {
+	switch {
+	case l.Scope != config.Global:
+		return algo.NotGlobal
+	case l.OnPartition == config.ExactLocal:
+		return algo.GlobalExactLocal
+	}
+	return algo.GlobalShare
 }
 
 // setReference gives request i, the single limit of descriptor d, its
@@ -327,7 +339,8 @@ func (sc *scratch) setReference(i int, domain string, d *rlv3.RateLimitDescripto
 // limit too, so that with [Options.ReferenceKeys] its count is kept where
 // reference pods keep theirs: a single
 // fixed window of one unit (no unit_multiplier, which the reference's key
-// would not tell apart), decided exactly (not leased). A rule with several
+// would not tell apart), decided exactly (not leased) in its region (not
+// scope: global, whose count the region engine reads). A rule with several
 // limits (rate_limits) is ratelimitd's own: their windows would share
 // reference keys wherever they start on the same second.
 func ReferenceRule(r *config.Rule) bool {
@@ -335,7 +348,7 @@ func ReferenceRule(r *config.Rule) bool {
 		return false
 	}
 	l := &r.Limits[0]
-	return l.Algorithm == config.FixedWindow && l.Consistency != config.Leased && l.UnitMultiplier <= 1
+	return l.Algorithm == config.FixedWindow && l.Consistency != config.Leased && l.Scope != config.Global && l.UnitMultiplier <= 1
 }
 
 // referenceOverride reports whether envoyproxy/ratelimit could hold a

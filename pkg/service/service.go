@@ -63,6 +63,10 @@ type Options struct {
 	// leased limits (the lease engine in front of the backend): Peek,
 	// Check and POST /explain show it. Nil when nothing is leased.
 	Leases algo.LeaseReader
+	// Global, when set, tells what this region knows of the counters of
+	// limits of scope: global (the region engine in front of the
+	// backend): POST /explain shows it. Nil without a region.
+	Global algo.GlobalReader
 	// ShadowMode answers every request of Envoy's API OK, as
 	// envoyproxy/ratelimit's SHADOW_MODE does: each descriptor is decided,
 	// counted and reported (OVER_LIMIT included) as usual; only the
@@ -108,6 +112,7 @@ type Service struct {
 	enableReset    bool
 	headers        HeaderStyle
 	leases         algo.LeaseReader
+	global         algo.GlobalReader
 	shadowMode     bool
 	quotaMode      bool
 	referenceKeys  bool
@@ -164,6 +169,7 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		enableReset:    opts.EnableReset,
 		headers:        opts.ResponseHeaders,
 		leases:         opts.Leases,
+		global:         opts.Global,
 		shadowMode:     opts.ShadowMode,
 		quotaMode:      opts.QuotaMode,
 		referenceKeys:  opts.ReferenceKeys,

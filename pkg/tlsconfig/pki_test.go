@@ -103,6 +103,33 @@ func (ca *testCA) client(t *testing.T, cn string) tls.Certificate {
 	return c
 }
 
+// meshFiles writes a certificate named cn signed by the CA for both
+// server and client authentication (as a mesh of servers that dial each
+// other uses), and its key, to cert.pem and key.pem in dir, and the CA to
+// ca.pem, also named as the client CA.
+func (ca *testCA) meshFiles(t *testing.T, dir, cn string) Files {
+	t.Helper()
+	f := ca.serverFiles(t, dir, cn)
+	key := newKey(t)
+	tmpl := template(t, cn)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	tmpl.DNSNames = []string{"localhost"}
+	tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, f.Cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	writeFile(t, f.Key, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
+	f.ClientCA = filepath.Join(dir, "ca.pem")
+	return f
+}
+
 // serverFiles writes a server certificate named cn signed by the CA, and
 // its key, to cert.pem and key.pem in dir, and the CA to ca.pem.
 func (ca *testCA) serverFiles(t *testing.T, dir, cn string) Files {

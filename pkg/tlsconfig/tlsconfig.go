@@ -255,3 +255,53 @@ func readFile(what, name string) ([]byte, error) {
 	}
 	return data, nil
 }
+
+// Peer returns the *tls.Config with which a server dials servers of its
+// own mesh, as ratelimitd's regions dial each other: f.Cert and f.Key are
+// its client certificate, and the servers' certificates are verified
+// against the CAs of f.ClientCA (those its listener verifies clients with)
+// for the name dialed. Both are re-read when their files change, as for
+// [Server]. All three files are required.
+func Peer(f Files, onReloadError func(error)) (*tls.Config, error) {
+	if f.ClientCA == "" || f.Cert == "" || f.Key == "" {
+		return nil, errors.New("dialing peers over mutual TLS needs a certificate, its key and the CA file their certificates are signed by")
+	}
+	server, err := Server(f, onReloadError)
+	if err != nil {
+		return nil, err
+	}
+	// Server's reloader serves the certificate and the CAs, reloaded.
+	current := func() (*tls.Certificate, *x509.CertPool, error) {
+		c, err := server.GetConfigForClient(nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		cert, err := server.GetCertificate(nil)
+		return cert, c.ClientCAs, err
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			cert, _, err := current()
+			return cert, err
+		},
+		// The CAs may change: the chain is verified here, against the
+		// current ones, rather than against RootCAs fixed now.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			_, pool, err := current()
+			if err != nil {
+				return err
+			}
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("the peer presented no certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			_, err = cs.PeerCertificates[0].Verify(x509.VerifyOptions{DNSName: cs.ServerName, Roots: pool, Intermediates: inter})
+			return err
+		},
+	}, nil
+}

@@ -384,3 +384,34 @@ func TestEnabled(t *testing.T) {
 		}
 	}
 }
+
+// TestPeer: two servers of one mesh (certificates of one CA for server and
+// client authentication, each its listener's files) dial each other with
+// Peer's configuration: it presents the dialer's certificate and verifies
+// the server's against the CA, so a server of another CA is refused.
+func TestPeer(t *testing.T) {
+	t.Parallel()
+	ca, other := newCA(t, "ca"), newCA(t, "other")
+	a, b, stranger := ca.meshFiles(t, t.TempDir(), "a"), ca.meshFiles(t, t.TempDir(), "b"), other.meshFiles(t, t.TempDir(), "stranger")
+	serve := func(f Files) string {
+		cfg, err := Server(f, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return serveGRPC(t, cfg)
+	}
+	addrB, addrStranger := serve(b), serve(stranger)
+	dialer, err := Peer(a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := check(t, addrB, credentials.NewTLS(dialer)); err != nil {
+		t.Fatalf("a peer of the mesh: %v", err)
+	}
+	if err := check(t, addrStranger, credentials.NewTLS(dialer)); status.Code(err) != codes.Unavailable {
+		t.Errorf("a server of another CA: %v, want Unavailable", err)
+	}
+	if _, err := Peer(Files{Cert: a.Cert, Key: a.Key}, nil); err == nil {
+		t.Error("Peer without a CA file: no error")
+	}
+}

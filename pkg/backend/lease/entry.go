@@ -11,6 +11,9 @@ import (
 type entry struct {
 	key   string
 	limit algo.Limit
+	// global is the key's scope across regions, carried to the takes a
+	// region engine below decides (algo.Request.Global).
+	global algo.Global
 	// cur and next are the leases held: budget taken from the store and
 	// not yet spent. Hits are spent from cur first; next is the lease
 	// fetched before cur ran out.

@@ -480,6 +480,7 @@ func (e *Engine) entryOf(sh *shard, r *algo.Request, at int64, gives *[]work) *e
 		sh.m[en.key] = en
 		e.stats.keys.Add(1)
 	}
+	en.global = r.Global
 	return en
 }
 
@@ -576,10 +577,11 @@ func (e *Engine) prefetchDue(at int64, en *entry) (work, bool) {
 	}
 	en.fetching = true
 	return work{en: en, req: algo.Request{
-		Key:   []byte(en.key),
-		Limit: en.limit,
-		Op:    algo.OpTake,
-		Lease: algo.Lease{Max: want, Share: e.share, TTL: e.ttl},
+		Key:    []byte(en.key),
+		Limit:  en.limit,
+		Op:     algo.OpTake,
+		Lease:  algo.Lease{Max: want, Share: e.share, TTL: e.ttl},
+		Global: en.global,
 	}}, true
 }
 

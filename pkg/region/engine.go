@@ -1,0 +1,358 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
+)
+
+// Defaults of [Options].
+const (
+	DefaultInterval = 100 * time.Millisecond
+	// partitionIntervals is how many sync intervals a peer may go unheard
+	// before it counts as cut off (at least minPartitionAfter).
+	partitionIntervals = 10
+	minPartitionAfter  = time.Second
+	// DefaultFullEvery is how many pushes to a peer pass between two that
+	// carry every count, not only those that grew since the peer last
+	// acknowledged them.
+	DefaultFullEvery = 10
+	// maxPushCounts bounds the counts of one push; more go in several.
+	maxPushCounts = 10000
+)
+
+// Options configure an [Engine].
+type Options struct {
+	// Region is this region's name (-region). Required.
+	Region string
+	// Weight is this region's part of a global limit while it cannot hear
+	// a peer, relative to the peers' (-region-weight). Default 1: equal
+	// shares.
+	Weight float64
+	// Peers are the other regions, each by name and the gRPC address of
+	// its replicas (-region-peers).
+	Peers []Peer
+	// Interval is how often each replica pushes its region's counts to
+	// every peer, and reads what the peers pushed (-region-sync-interval).
+	// Default 100ms.
+	Interval time.Duration
+	// PartitionAfter is how long a peer may go unheard before this region
+	// counts it as cut off. Default 10 intervals, at least 1s.
+	PartitionAfter time.Duration
+	// FullEvery is how many pushes to a peer pass between two that carry
+	// every count. Default 10.
+	FullEvery int
+	// Store keeps what the peers pushed for every replica of the region.
+	// Required.
+	Store Store
+	// Dial opens a connection to a peer's address (TLS is the caller's).
+	// Default: plaintext gRPC.
+	Dial func(addr string) (grpc.ClientConnInterface, error)
+	// Now is this replica's clock, which names windows as the region's
+	// Redis does (keep them in step: NTP). Default time.Now.
+	Now func() time.Time
+	// Logger receives sync failures and partitions. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Peer is a peer region: its name and the address of its replicas.
+type Peer struct{ Name, Addr string }
+
+var regionName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// CheckName reports whether name may name a region: 1 to 63 letters,
+// digits, '.', '_' and '-', starting with a letter or digit.
+func CheckName(name string) error {
+	if !regionName.MatchString(name) {
+		return fmt.Errorf("region name %q: want 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", name)
+	}
+	return nil
+}
+
+// Engine is an [algo.Backend] in front of a region's backend that decides
+// the limits of scope: global (requests marked [algo.Request.Global])
+// against the counts of every region it knows: it lowers such a request's
+// limit by what the peers counted in its window, so that the region admits
+// while the global count it knows is under the limit. Other requests pass
+// through. [Engine.Run] exchanges the counts with the peers. It is safe
+// for concurrent use.
+type Engine struct {
+	inner algo.Backend
+	opts  Options
+	peers []*peer
+	index map[string]int // peer name → index in peers
+
+	mu   sync.Mutex
+	keys map[string]*keyState // by counter key
+
+	reqs sync.Pool // *[]algo.Request: copies of batches with global requests
+
+	pushes, pushFailures, pushBytes, pushCounts atomic.Uint64
+	received, receivedCounts                    atomic.Uint64
+}
+
+// peer is a peer region as this replica sees it.
+type peer struct {
+	Peer
+	client ratelimitdv1.RegionSyncClient
+	// Guarded by Engine.mu:
+	heard  time.Time // last heard, by this replica or another of the region
+	weight float64   // as it announced; 1 until heard
+	cut    bool      // counted as cut off at the last check (for logs)
+	// Owned by the sync loop:
+	sent     int  // pushes sent
+	failed   bool // the last push failed: the next carries every count
+	busy     atomic.Bool
+	lastPush time.Time // when the last push succeeded
+}
+
+// keyState is what the engine knows of one global key: the limit it was
+// last decided under, and its two latest windows.
+type keyState struct {
+	key    []byte
+	limit  algo.Limit // N and W; zero until a decision here
+	global algo.Global
+	used   time.Time   // its last decision here
+	win    [2]winState // by start; the zero start is an empty slot
+}
+
+// winState is one window of a key.
+type winState struct {
+	Window
+	own    uint64   // this region's count, the largest seen
+	acked  []uint64 // own as each peer acknowledged it
+	remote []uint64 // each peer's count, the largest heard
+	// at and rate: when each peer's count last grew, and how fast it grew
+	// then (hits per second), for explain's estimate of what is unseen.
+	at   []time.Time
+	rate []float64
+}
+
+// New returns an engine deciding through inner.
+func New(inner algo.Backend, opts Options) (*Engine, error) {
+	if err := CheckName(opts.Region); err != nil {
+		return nil, fmt.Errorf("region: %w", err)
+	}
+	if opts.Store == nil {
+		return nil, errors.New("region: Options.Store is required")
+	}
+	switch {
+	case opts.Weight == 0:
+		opts.Weight = 1
+	case !(opts.Weight > 0) || math.IsInf(opts.Weight, 0):
+		return nil, fmt.Errorf("region: weight %v: want a positive number", opts.Weight)
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultInterval
+	}
+	if opts.PartitionAfter <= 0 {
+		opts.PartitionAfter = max(partitionIntervals*opts.Interval, minPartitionAfter)
+	}
+	if opts.FullEvery <= 0 {
+		opts.FullEvery = DefaultFullEvery
+	}
+	if opts.Dial == nil {
+		opts.Dial = func(addr string) (grpc.ClientConnInterface, error) {
+			return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		}
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	e := &Engine{inner: inner, opts: opts, index: make(map[string]int), keys: make(map[string]*keyState)}
+	for _, p := range opts.Peers {
+		if err := CheckName(p.Name); err != nil {
+			return nil, fmt.Errorf("region: peer: %w", err)
+		}
+		if p.Name == opts.Region {
+			return nil, fmt.Errorf("region: peer %q is this region", p.Name)
+		}
+		if _, dup := e.index[p.Name]; dup {
+			return nil, fmt.Errorf("region: peer %q given twice", p.Name)
+		}
+		conn, err := opts.Dial(p.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("region: peer %s at %s: %w", p.Name, p.Addr, err)
+		}
+		e.index[p.Name] = len(e.peers)
+		e.peers = append(e.peers, &peer{Peer: p, client: ratelimitdv1.NewRegionSyncClient(conn), weight: 1})
+	}
+	return e, nil
+}
+
+// windowOf returns the window of length w that holds now.
+func windowOf(now time.Time, length time.Duration) Window {
+	l := max(length.Milliseconds(), 1)
+	ms := now.UnixMilli()
+	start := ms - ms%l
+	if ms < 0 && ms%l != 0 {
+		start -= l
+	}
+	return Window{Length: l, Start: start}
+}
+
+// global reports whether the engine decides r: a fixed window of scope:
+// global (the rule files allow no other).
+func global(r *algo.Request) bool {
+	return r.Global != algo.NotGlobal && r.Limit.Algorithm == algo.FixedWindow && r.Op != algo.OpGive
+}
+
+// Decide implements [algo.Backend].
+func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
+	i := 0
+	for i < len(reqs) && !global(&reqs[i]) {
+		i++
+	}
+	if i == len(reqs) {
+		return e.inner.Decide(ctx, reqs, out)
+	}
+	// The requests are copied, so that the caller's keep their limits.
+	p, _ := e.reqs.Get().(*[]algo.Request)
+	if p == nil {
+		p = new([]algo.Request)
+	}
+	defer func() {
+		clear(*p)
+		*p = (*p)[:0]
+		e.reqs.Put(p)
+	}()
+	cp := append((*p)[:0], reqs...)
+	*p = cp
+	now := e.opts.Now()
+	e.mu.Lock()
+	for ; i < len(cp); i++ {
+		r := &cp[i]
+		if !global(r) {
+			continue
+		}
+		ks := e.track(r, now)
+		r.Limit.Requests -= min(e.offset(ks, windowOf(now, r.Limit.Window), r.Global, now), r.Limit.Requests)
+	}
+	e.mu.Unlock()
+	if err := e.inner.Decide(ctx, cp, out); err != nil {
+		return err
+	}
+	e.observe(cp, out, now)
+	return nil
+}
+
+// track returns the state of r's key, made if new, noting r's limit.
+// Called with e.mu held.
+func (e *Engine) track(r *algo.Request, now time.Time) *keyState {
+	ks := e.keys[string(r.Key)]
+	if ks == nil {
+		ks = &keyState{key: append([]byte(nil), r.Key...)}
+		e.keys[string(ks.key)] = ks
+	}
+	ks.limit, ks.global, ks.used = r.Limit, r.Global, now
+	return ks
+}
+
+// window returns the state of window w of the key, made (in place of the
+// older slot) when create is set; nil when absent and not made.
+func (e *Engine) window(ks *keyState, w Window, create bool) *winState {
+	for i := range ks.win {
+		if ks.win[i].Window == w {
+			return &ks.win[i]
+		}
+	}
+	if !create {
+		return nil
+	}
+	old := 0
+	if ks.win[1].Start < ks.win[0].Start {
+		old = 1
+	}
+	if ks.win[old].Start > w.Start {
+		return nil // older than both: no longer kept
+	}
+	n := len(e.peers)
+	ks.win[old] = winState{Window: w, acked: make([]uint64, n), remote: make([]uint64, n), at: make([]time.Time, n), rate: make([]float64, n)}
+	return &ks.win[old]
+}
+
+// offset returns what a request of key ks in window w counts against the
+// limit for the peers: what each counted, or, for a peer cut off, that or
+// its share of the limit, whichever is more (on_partition: share); with
+// on_partition: exact-local, nothing at all while any peer is cut off.
+// Called with e.mu held.
+func (e *Engine) offset(ks *keyState, w Window, g algo.Global, now time.Time) uint64 {
+	ws := e.window(ks, w, false)
+	var off uint64
+	for i, p := range e.peers {
+		var c uint64
+		if ws != nil {
+			c = ws.remote[i]
+		}
+		if e.cutOff(p, now) {
+			if g == algo.GlobalExactLocal {
+				return 0
+			}
+			c = max(c, e.share(i, ks.limit.Requests))
+		}
+		off += c
+	}
+	return off
+}
+
+// cutOff reports whether peer p has gone unheard for longer than
+// PartitionAfter. Called with e.mu held.
+func (e *Engine) cutOff(p *peer, now time.Time) bool {
+	return now.Sub(p.heard) > e.opts.PartitionAfter
+}
+
+// share returns peer i's share of a limit of n: n times its weight over
+// the weights of every region, rounded up. Called with e.mu held.
+func (e *Engine) share(i int, n uint64) uint64 {
+	total := e.opts.Weight
+	for _, p := range e.peers {
+		total += p.weight
+	}
+	return uint64(math.Ceil(float64(n) * e.peers[i].weight / total))
+}
+
+// observe records this region's count of each global key decided, from
+// the decisions out of the requests reqs (their limits lowered): the
+// count in the window is the lowered limit less what remains, exact but
+// when nothing remains, when it is at least the lowered limit. The window
+// is the one the backend decided in: it ends ResetAfter from now.
+func (e *Engine) observe(reqs []algo.Request, out []algo.Decision, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i := range reqs {
+		r, d := &reqs[i], &out[i]
+		if !global(r) || d.ResetAfter <= 0 {
+			continue
+		}
+		n := r.Limit.Requests
+		count := n - min(d.Remaining, n)
+		if count == 0 {
+			continue
+		}
+		l := max(r.Limit.Window.Milliseconds(), 1)
+		end := now.Add(d.ResetAfter).UnixMilli()
+		end = (end + l/2) / l * l // the backend's window ends on a multiple of its length
+		ks := e.keys[string(r.Key)]
+		if ks == nil {
+			continue
+		}
+		if ws := e.window(ks, Window{Length: l, Start: end - l}, true); ws != nil {
+			ws.own = max(ws.own, count)
+		}
+	}
+}

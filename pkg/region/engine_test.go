@@ -1,0 +1,300 @@
+package region
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+)
+
+// clock is a fake clock the tests advance.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// link is the network between two regions, which a test can cut.
+type link struct{ down atomic.Bool }
+
+func (l *link) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if l.down.Load() {
+		return status.Error(codes.Unavailable, "test: the link is cut")
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// world is a few regions of one replica each, on memory backends and
+// memory stores, every pair of them linked over gRPC (bufconn).
+type world struct {
+	clk     *clock
+	engines map[string]*Engine
+	links   map[[2]string]*link // from, to
+	ctx     context.Context
+}
+
+// newWorld starts regions, named and weighted as weights says (nil: 1).
+func newWorld(t *testing.T, names []string, weights map[string]float64) *world {
+	t.Helper()
+	w := &world{clk: &clock{t: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}, engines: map[string]*Engine{}, links: map[[2]string]*link{}, ctx: context.Background()}
+	listeners := map[string]*bufconn.Listener{}
+	for _, n := range names {
+		listeners[n] = bufconn.Listen(1 << 20)
+	}
+	for _, n := range names {
+		mem := memory.New(memory.Options{Now: w.clk.Now})
+		t.Cleanup(func() { mem.Close() })
+		var peers []Peer
+		for _, m := range names {
+			if m != n {
+				peers = append(peers, Peer{Name: m, Addr: m})
+				w.links[[2]string{n, m}] = &link{}
+			}
+		}
+		e, err := New(mem, Options{
+			Region: n, Weight: weights[n], Peers: peers, Interval: 100 * time.Millisecond,
+			Store: NewMemoryStore(w.clk.Now), Now: w.clk.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Dial: func(addr string) (grpc.ClientConnInterface, error) {
+				l := listeners[addr]
+				return grpc.NewClient("passthrough:///"+addr,
+					grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) }),
+					grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithUnaryInterceptor(w.links[[2]string{n, addr}].intercept))
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := grpc.NewServer()
+		e.Register(gs)
+		go gs.Serve(listeners[n])
+		t.Cleanup(gs.Stop)
+		w.engines[n] = e
+	}
+	return w
+}
+
+// sync runs one sync round in every region, the pushes done before it
+// returns, then a second read round so that every region has read what
+// the others pushed.
+func (w *world) sync() {
+	for range 2 {
+		var wg sync.WaitGroup
+		for _, e := range w.engines {
+			e.tick(w.ctx, &wg)
+		}
+		wg.Wait()
+	}
+}
+
+// cut cuts (or, with down false, heals) every link to and from region.
+func (w *world) cut(region string, down bool) {
+	for k, l := range w.links {
+		if k[0] == region || k[1] == region {
+			l.down.Store(down)
+		}
+	}
+}
+
+var hourly = algo.Limit{Algorithm: algo.FixedWindow, Requests: 100, Window: time.Hour}
+
+// admit offers n single hits of key to region, and returns how many it
+// admitted.
+func (w *world) admit(t *testing.T, region string, key string, l algo.Limit, g algo.Global, n int) int {
+	t.Helper()
+	admitted := 0
+	for range n {
+		reqs := []algo.Request{{Key: []byte(key), Limit: l, Hits: 1, Global: g}}
+		out := make([]algo.Decision, 1)
+		if err := w.engines[region].Decide(w.ctx, reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		if reqs[0].Limit != l {
+			t.Fatalf("Decide changed the caller's request: limit %+v", reqs[0].Limit)
+		}
+		if out[0].Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// counts returns the counts region knows of key now, by region.
+func (w *world) counts(region, key string, l algo.Limit, g algo.Global) map[string]uint64 {
+	st, ok := w.engines[region].GlobalState([]byte(key), l, g)
+	if !ok {
+		return nil
+	}
+	out := map[string]uint64{}
+	for _, c := range st.Counts {
+		out[c.Region] = c.Count
+	}
+	return out
+}
+
+// TestGlobalLimitAcrossRegions: with the counts synced between decisions,
+// three regions admit the limit together, no more: each admits what the
+// others left.
+func TestGlobalLimitAcrossRegions(t *testing.T) {
+	w := newWorld(t, []string{"eu", "us", "ap"}, nil)
+	w.sync() // every region heard from every other
+	got := map[string]int{}
+	for _, r := range []string{"eu", "us", "ap"} {
+		got[r] = w.admit(t, r, "tenant-a", hourly, algo.GlobalShare, 50)
+		w.sync()
+	}
+	if got["eu"] != 50 || got["us"] != 50 || got["ap"] != 0 {
+		t.Fatalf("admitted %v, want eu 50, us 50 (the limit's rest), ap 0", got)
+	}
+	for _, r := range []string{"eu", "us", "ap"} {
+		if c := w.counts(r, "tenant-a", hourly, algo.GlobalShare); c["eu"] != 50 || c["us"] != 50 || c["ap"] != 0 {
+			t.Errorf("%s knows %v, want eu 50, us 50, ap 0", r, c)
+		}
+	}
+	// A limit of scope: region is not touched: each region has its own.
+	for _, r := range []string{"eu", "us"} {
+		if n := w.admit(t, r, "tenant-b", hourly, algo.NotGlobal, 100); n != 100 {
+			t.Errorf("%s admitted %d of a regional limit of 100, want 100", r, n)
+		}
+	}
+}
+
+// TestOvershootWithinOneSyncDelay: regions that admit before they hear
+// each other overshoot by what they admitted meanwhile, no more; once
+// synced, none admits until the window ends.
+func TestOvershootWithinOneSyncDelay(t *testing.T) {
+	w := newWorld(t, []string{"eu", "us", "ap"}, nil)
+	w.sync()
+	total := 0
+	for _, r := range []string{"eu", "us", "ap"} {
+		total += w.admit(t, r, "k", hourly, algo.GlobalShare, 40) // no sync between: one sync delay
+	}
+	if total != 120 {
+		t.Fatalf("admitted %d within one sync delay, want 120: each region sees only its own 40", total)
+	}
+	w.sync()
+	for _, r := range []string{"eu", "us", "ap"} {
+		if n := w.admit(t, r, "k", hourly, algo.GlobalShare, 10); n != 0 {
+			t.Errorf("%s admitted %d after the sync, with 120 counted of 100", r, n)
+		}
+		st, _ := w.engines[r].GlobalState([]byte("k"), hourly, algo.GlobalShare)
+		if st.Offset != 80 {
+			t.Errorf("%s: offset %d, want 80 (the two others' 40 each)", r, st.Offset)
+		}
+	}
+	// The next window starts from nothing.
+	w.clk.add(time.Hour)
+	w.sync()
+	if n := w.admit(t, "eu", "k", hourly, algo.GlobalShare, 100); n != 100 {
+		t.Errorf("the next window admitted %d, want 100", n)
+	}
+}
+
+// TestPartitionShare: a region cut off from the others admits its share
+// (the limit less the others' shares or last counts, whichever is more),
+// the others together the rest; after the link heals, every region knows
+// every count at the next sync, and none was lost.
+func TestPartitionShare(t *testing.T) {
+	w := newWorld(t, []string{"eu", "us", "ap"}, nil)
+	limit := algo.Limit{Algorithm: algo.FixedWindow, Requests: 300, Window: time.Hour}
+	w.sync()
+	for _, r := range []string{"eu", "us", "ap"} {
+		w.admit(t, r, "k", limit, algo.GlobalShare, 20)
+	}
+	w.sync()
+	w.cut("ap", true)
+	w.clk.add(2 * time.Second) // past PartitionAfter (1 s): every side counts the other as cut off
+	w.sync()
+	// ap reserves eu's and us's shares (100 each, over their 20): it may
+	// count up to 100, so 80 more. eu and us reserve ap's 100 and share
+	// the rest, 200, of which they counted 40.
+	ap := w.admit(t, "ap", "k", limit, algo.GlobalShare, 150)
+	eu := w.admit(t, "eu", "k", limit, algo.GlobalShare, 150)
+	w.sync()
+	us := w.admit(t, "us", "k", limit, algo.GlobalShare, 150)
+	if ap != 80 || eu+us != 160 {
+		t.Fatalf("during the partition ap admitted %d (want 80), eu and us %d (want 160 together)", ap, eu+us)
+	}
+	st, _ := w.engines["ap"].GlobalState([]byte("k"), limit, algo.GlobalShare)
+	if st.Counts[1].Reserved != 100 || !st.Counts[1].CutOff {
+		t.Errorf("ap's view of eu: %+v, want cut off, 100 reserved", st.Counts[1])
+	}
+	w.cut("ap", false)
+	w.sync()
+	want := map[string]uint64{"ap": 100, "eu": 20 + uint64(eu), "us": 20 + uint64(us)}
+	for _, r := range []string{"eu", "us", "ap"} {
+		if c := w.counts(r, "k", limit, algo.GlobalShare); c["ap"] != want["ap"] || c["eu"] != want["eu"] || c["us"] != want["us"] {
+			t.Errorf("after the heal %s knows %v, want %v", r, c, want)
+		}
+	}
+}
+
+// TestPartitionExactLocal: with on_partition: exact-local, a region cut
+// off decides the limit on its own count.
+func TestPartitionExactLocal(t *testing.T) {
+	w := newWorld(t, []string{"eu", "us"}, nil)
+	w.sync()
+	w.admit(t, "us", "k", hourly, algo.GlobalExactLocal, 70)
+	w.sync()
+	if n := w.admit(t, "eu", "k", hourly, algo.GlobalExactLocal, 100); n != 30 {
+		t.Fatalf("connected: eu admitted %d, want the 30 us left", n)
+	}
+	w.cut("eu", true)
+	w.clk.add(2 * time.Second)
+	w.sync()
+	if n := w.admit(t, "eu", "k", hourly, algo.GlobalExactLocal, 100); n != 70 {
+		t.Fatalf("cut off: eu admitted %d, want 70 (its own count of 30 against the whole limit)", n)
+	}
+}
+
+// TestWeights: a region's share while cut off follows the weights the
+// regions announce.
+func TestWeights(t *testing.T) {
+	w := newWorld(t, []string{"eu", "us"}, map[string]float64{"eu": 3, "us": 1})
+	w.sync()
+	w.cut("us", true)
+	w.clk.add(2 * time.Second)
+	w.sync()
+	eu := w.admit(t, "eu", "k", hourly, algo.GlobalShare, 100)
+	us := w.admit(t, "us", "k", hourly, algo.GlobalShare, 100)
+	if eu != 75 || us != 25 {
+		t.Fatalf("cut apart with weights 3:1, eu admitted %d and us %d, want 75 and 25", eu, us)
+	}
+}
+
+// TestPushFromStranger: a region not among the peers is refused.
+func TestPushFromStranger(t *testing.T) {
+	w := newWorld(t, []string{"eu", "us"}, nil)
+	_, err := syncServer{e: w.engines["eu"]}.Push(w.ctx, pushOf("mars", "k", 0, 1000, 5))
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("push from mars: %v, want PermissionDenied", err)
+	}
+	_, err = syncServer{e: w.engines["eu"]}.Push(w.ctx, pushOf("us", "k", 10, 1000, 5))
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("push of a window not aligned: %v, want InvalidArgument", err)
+	}
+}
