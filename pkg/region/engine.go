@@ -99,6 +99,8 @@ type Engine struct {
 
 	reqs sync.Pool // *[]algo.Request: copies of batches with global requests
 
+	ticks int // sync rounds run (owned by Run)
+
 	pushes, pushFailures, pushBytes, pushCounts atomic.Uint64
 	received, receivedCounts                    atomic.Uint64
 }
@@ -132,6 +134,7 @@ type keyState struct {
 type winState struct {
 	Window
 	own    uint64   // this region's count, the largest seen
+	wrote  uint64   // own as this replica last wrote it to the store
 	acked  []uint64 // own as each peer acknowledged it
 	remote []uint64 // each peer's count, the largest heard
 	// at and rate: when each peer's count last grew, and how fast it grew

@@ -298,3 +298,65 @@ func TestPushFromStranger(t *testing.T) {
 		t.Fatalf("push of a window not aligned: %v, want InvalidArgument", err)
 	}
 }
+
+// TestSiblingsShareTheirRegionsCount runs a region of two replicas on one
+// backend and one store: a replica learns its region's count from its own
+// decisions, and the other's from the store, within a round; after a
+// refresh it reads the count from the backend itself, even when the
+// replica that admitted is gone before it wrote anything.
+func TestSiblingsShareTheirRegionsCount(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}
+	mem := memory.New(memory.Options{Now: clk.Now})
+	t.Cleanup(func() { mem.Close() })
+	store := NewMemoryStore(clk.Now)
+	replica := func() *Engine {
+		e, err := New(mem, Options{Region: "eu", Store: store, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FullEvery: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	a, b := replica(), replica()
+	ctx := context.Background()
+	decide := func(e *Engine, n int) {
+		for range n {
+			out := make([]algo.Decision, 1)
+			if err := e.Decide(ctx, []algo.Request{{Key: []byte("k"), Limit: hourly, Hits: 1, Global: algo.GlobalShare}}, out); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	own := func(e *Engine) uint64 {
+		st, _ := e.GlobalState([]byte("k"), hourly, algo.GlobalShare)
+		return st.Counts[0].Count
+	}
+	round := func(e *Engine) {
+		var wg sync.WaitGroup
+		e.tick(ctx, &wg)
+		wg.Wait()
+	}
+	decide(b, 1) // b knows the key
+	round(a)
+	round(b) // the first rounds refresh; the next four do not
+	decide(a, 10)
+	if own(a) != 11 || own(b) != 1 {
+		t.Fatalf("before a round: a knows %d, b %d; want 11 and 1", own(a), own(b))
+	}
+	round(a) // a writes 11
+	round(b) // b reads it
+	if own(b) != 11 {
+		t.Fatalf("after a round b knows %d, want a's 11", own(b))
+	}
+	// a admits 5 more and is gone before its next round: b finds them at
+	// its next refresh, from the backend.
+	decide(a, 5)
+	for i := range 4 {
+		round(b)
+		if got := own(b); got != 11 && i < 3 {
+			t.Fatalf("round %d: b knows %d before its refresh", i, got)
+		}
+	}
+	if got := own(b); got != 16 {
+		t.Fatalf("after its refresh b knows %d, want 16", got)
+	}
+}

@@ -14,9 +14,10 @@ import (
 // Cluster), shared by every replica of the region:
 //
 //   - PREFIX "rg|" LENGTH_MS "|" START_MS, a hash per window: field
-//     REGION "\x00" KEY, the count region reported for key in the window;
-//     merged by maximum, in one script call per window, and expired a
-//     window and 10 s after the window ends;
+//     REGION "\x00" KEY, the count of key in the window that region
+//     reported (a peer), or that a replica saw (this region); merged by
+//     maximum, in one script call per window, and expired a window and
+//     10 s after the window ends;
 //   - PREFIX "rg|heard", a hash: field REGION, "MS WEIGHT", when the region
 //     was last heard (ms since the Unix epoch, the receiver's clock) and
 //     its weight.
@@ -69,7 +70,7 @@ func (s *RedisStore) windowKey(w Window) string {
 func (s *RedisStore) heardKey() string { return s.prefix + "rg|heard" }
 
 // Merge implements [Store].
-func (s *RedisStore) Merge(ctx context.Context, region string, weight float64, at time.Time, counts []Count) error {
+func (s *RedisStore) Merge(ctx context.Context, region string, counts []Count, heard *Heard) error {
 	byWindow := make(map[Window][]any)
 	for _, c := range counts {
 		args := byWindow[c.Window]
@@ -84,7 +85,12 @@ func (s *RedisStore) Merge(ctx context.Context, region string, weight float64, a
 	for w, args := range byWindow {
 		pipe.Eval(ctx, mergeScript, []string{s.windowKey(w)}, args...)
 	}
-	pipe.Eval(ctx, heardScript, []string{s.heardKey()}, region, at.UnixMilli(), strconv.FormatFloat(weight, 'g', -1, 64))
+	if heard != nil {
+		pipe.Eval(ctx, heardScript, []string{s.heardKey()}, region, heard.At.UnixMilli(), strconv.FormatFloat(heard.Weight, 'g', -1, 64))
+	}
+	if pipe.Len() == 0 {
+		return nil
+	}
 	_, err := pipe.Exec(ctx)
 	return err
 }

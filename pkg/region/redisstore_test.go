@@ -30,7 +30,7 @@ func TestRedisStore(t *testing.T) {
 			prev := Window{Length: w.Length, Start: w.Start - w.Length}
 			merge := func(region string, weight float64, at time.Time, counts ...Count) {
 				t.Helper()
-				if err := s.Merge(ctx, region, weight, at, counts); err != nil {
+				if err := s.Merge(ctx, region, counts, &Heard{At: at, Weight: weight}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -64,6 +64,13 @@ func TestRedisStore(t *testing.T) {
 			merge("us", 1, now.Add(-time.Minute)) // an older hearing changes nothing
 			if _, heard, _ = s.Load(ctx, nil); heard["us"].Weight != 3 {
 				t.Errorf("an older hearing replaced a later one: %+v", heard["us"])
+			}
+			// A replica's own region's counts are merged, without a hearing.
+			if err := s.Merge(ctx, "eu", []Count{{Key: []byte("a"), Window: w, Count: 4}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			if counts, heard, _ = s.Load(ctx, []Window{w}); len(counts) != 4 || heard["eu"] != (Heard{}) {
+				t.Errorf("after eu's own count: %d counts, eu heard %+v; want 4 counts, eu never heard", len(counts), heard["eu"])
 			}
 			ttl, err := rdb.PTTL(ctx, s.windowKey(w)).Result()
 			if err != nil || ttl <= 0 || ttl > time.Duration(w.End()-now.UnixMilli())*time.Millisecond+keep(w) {

@@ -62,7 +62,7 @@ func (s syncServer) Push(ctx context.Context, req *ratelimitdv1.PushRequest) (*r
 		weight = 1
 	}
 	now := e.opts.Now()
-	if err := e.opts.Store.Merge(ctx, req.GetRegion(), weight, now, counts); err != nil {
+	if err := e.opts.Store.Merge(ctx, req.GetRegion(), counts, &Heard{At: now, Weight: weight}); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "region %q could not store the counts: %v", e.opts.Region, err)
 	}
 	e.received.Add(1)

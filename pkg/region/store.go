@@ -12,10 +12,11 @@ import (
 // a peer's push (they sit behind one address); every replica reads the
 // store every sync interval.
 type Store interface {
-	// Merge records the counts region reported at at, each kept only if
-	// larger than the one recorded, and that region was heard at at with
-	// weight.
-	Merge(ctx context.Context, region string, weight float64, at time.Time, counts []Count) error
+	// Merge records counts of region, each kept only if larger than the
+	// one recorded, and, when heard is not nil, that region was heard
+	// then (a peer's push; a replica records its own region's counts with
+	// none, for its siblings).
+	Merge(ctx context.Context, region string, counts []Count, heard *Heard) error
 	// Load returns every count recorded in the windows given, and every
 	// peer's last hearing.
 	Load(ctx context.Context, windows []Window) ([]Count, map[string]Heard, error)
@@ -72,7 +73,7 @@ func NewMemoryStore(now func() time.Time) *MemoryStore {
 }
 
 // Merge implements [Store].
-func (m *MemoryStore) Merge(_ context.Context, region string, weight float64, at time.Time, counts []Count) error {
+func (m *MemoryStore) Merge(_ context.Context, region string, counts []Count, heard *Heard) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now().UnixMilli()
@@ -90,8 +91,8 @@ func (m *MemoryStore) Merge(_ context.Context, region string, weight float64, at
 		k := countKey{region, string(c.Key)}
 		w[k] = max(w[k], c.Count)
 	}
-	if h := m.heard[region]; !at.Before(h.At) {
-		m.heard[region] = Heard{At: at, Weight: weight}
+	if h := m.heard[region]; heard != nil && !heard.At.Before(h.At) {
+		m.heard[region] = *heard
 	}
 	return nil
 }

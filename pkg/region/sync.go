@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
 
@@ -33,8 +34,13 @@ func (e *Engine) Run(ctx context.Context) {
 // tick is one round of Run.
 func (e *Engine) tick(ctx context.Context, wg *sync.WaitGroup) {
 	now := e.opts.Now()
+	if e.ticks%e.opts.FullEvery == 0 {
+		e.refresh(ctx, now)
+	}
+	e.ticks++
 	windows := e.prune(now)
 	e.load(ctx, windows, now)
+	e.write(ctx)
 	for i, p := range e.peers {
 		if !p.busy.CompareAndSwap(false, true) {
 			continue
@@ -115,6 +121,69 @@ func (e *Engine) load(ctx context.Context, windows []Window, now time.Time) {
 	}
 }
 
+// refresh reads from the region's backend this region's count of every
+// key decided here, in its current window: a replica learns its region's
+// count from its own decisions, and its siblings' only through the store
+// (write), so this finds the hits of a sibling that died before it wrote
+// them. Once every FullEvery rounds.
+func (e *Engine) refresh(ctx context.Context, now time.Time) {
+	var reqs []algo.Request
+	e.mu.Lock()
+	for _, ks := range e.keys {
+		if ks.limit.Window > 0 && now.Sub(ks.used) < 2*ks.limit.Window {
+			reqs = append(reqs, algo.Request{Key: ks.key, Limit: ks.limit, Peek: true, Global: ks.global})
+		}
+	}
+	e.mu.Unlock()
+	if len(reqs) == 0 {
+		return
+	}
+	out := make([]algo.Decision, len(reqs))
+	ctx, cancel := context.WithTimeout(ctx, e.timeout())
+	defer cancel()
+	if err := e.inner.Decide(ctx, reqs, out); err != nil {
+		return // the next round tries again; decisions keep counting meanwhile
+	}
+	e.observe(reqs, out, now)
+}
+
+// write stores this region's counts that grew since this replica last
+// wrote them, for its siblings to read: each replica knows the count as
+// of its own decisions, and they all push, so that the peers have the
+// largest; written, each replica also knows its siblings'.
+func (e *Engine) write(ctx context.Context) {
+	var counts []Count
+	type wrote struct {
+		ws *winState
+		n  uint64
+	}
+	var done []wrote
+	e.mu.Lock()
+	for _, ks := range e.keys {
+		for j := range ks.win {
+			w := &ks.win[j]
+			if w.Start != 0 && w.own > w.wrote {
+				counts = append(counts, Count{Region: e.opts.Region, Key: ks.key, Window: w.Window, Count: w.own})
+				done = append(done, wrote{w, w.own})
+			}
+		}
+	}
+	e.mu.Unlock()
+	if len(counts) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.timeout())
+	defer cancel()
+	if err := e.opts.Store.Merge(ctx, e.opts.Region, counts, nil); err != nil {
+		return // written at the next round
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, d := range done {
+		d.ws.wrote = max(d.ws.wrote, d.n) // a slot reused meanwhile holds a later window: no harm, it is written again
+	}
+}
+
 // hear notes that peer region was heard at at, announcing weight.
 // Called with e.mu held.
 func (e *Engine) hear(region string, at time.Time, weight float64) {
@@ -134,6 +203,16 @@ func (e *Engine) hear(region string, at time.Time, weight float64) {
 // merge records a peer's count heard at now, if larger than the one
 // known. Called with e.mu held.
 func (e *Engine) merge(c *Count, now time.Time) {
+	if c.Region == e.opts.Region && c.Count > 0 {
+		// A sibling's view of this region's count.
+		if ks := e.keys[string(c.Key)]; ks != nil {
+			if ws := e.window(ks, c.Window, true); ws != nil {
+				ws.own = max(ws.own, c.Count)
+				ws.wrote = max(ws.wrote, c.Count)
+			}
+		}
+		return
+	}
 	i, ok := e.index[c.Region]
 	if !ok || c.Count == 0 {
 		return
@@ -192,24 +271,33 @@ func (e *Engine) pushOf(i int) ([]*ratelimitdv1.PushRequest, []sentCount) {
 	return reqs, sent
 }
 
+// pushRetries is how many times a push that failed is sent again, a
+// quarter interval apart, before the next tick sends newer counts: a link
+// that comes back is used within a quarter interval, not a whole one.
+const pushRetries = 3
+
 // push sends reqs to peer i and, once all are acknowledged, notes sent as
-// the counts the peer holds.
+// the counts the peer holds. A push that fails is sent again up to
+// pushRetries times; a count the peer already held is merged again,
+// harmlessly.
 func (e *Engine) push(ctx context.Context, i int, reqs []*ratelimitdv1.PushRequest, sent []sentCount) {
 	p := e.peers[i]
-	for _, req := range reqs {
-		cctx, cancel := context.WithTimeout(ctx, e.timeout())
-		_, err := p.client.Push(cctx, req)
-		cancel()
-		e.pushes.Add(1)
-		e.pushBytes.Add(uint64(proto.Size(req)))
-		e.pushCounts.Add(uint64(len(req.Counts)))
-		if err != nil {
-			e.pushFailures.Add(1)
+	for attempt := 0; ; attempt++ {
+		err := e.send(ctx, p, reqs)
+		if err == nil {
+			break
+		}
+		if attempt == pushRetries || ctx.Err() != nil {
 			if !p.failed && ctx.Err() == nil {
 				e.opts.Logger.Warn("region sync: push to a peer failed; its counts are pushed whole once it answers", "peer", p.Name, "addr", p.Addr, "error", err)
 			}
 			p.failed = true
 			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(e.opts.Interval / 4):
 		}
 	}
 	if p.failed {
@@ -226,6 +314,23 @@ func (e *Engine) push(ctx context.Context, i int, reqs []*ratelimitdv1.PushReque
 			}
 		}
 	}
+}
+
+// send sends the pushes reqs to p, and counts them.
+func (e *Engine) send(ctx context.Context, p *peer, reqs []*ratelimitdv1.PushRequest) error {
+	for _, req := range reqs {
+		cctx, cancel := context.WithTimeout(ctx, e.timeout())
+		_, err := p.client.Push(cctx, req)
+		cancel()
+		e.pushes.Add(1)
+		e.pushBytes.Add(uint64(proto.Size(req)))
+		e.pushCounts.Add(uint64(len(req.Counts)))
+		if err != nil {
+			e.pushFailures.Add(1)
+			return err
+		}
+	}
+	return nil
 }
 
 // notePartitions logs each peer that became cut off, or heard again.
