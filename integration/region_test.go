@@ -280,11 +280,11 @@ func (c *cluster) converged(t *testing.T, key, value string, admitted map[string
 	}
 }
 
-// syncDelay is the longest a region takes to count what another admitted:
-// the sender's next push (an interval), the link (150 ms at most), and the
-// receiving region's other replica's next read of its Redis (an interval),
-// plus 100 ms for the calls on the way.
-const syncDelay = 2*regionsSync + 150*time.Millisecond + 100*time.Millisecond
+// syncDelay is the longest a region takes to count what another admitted
+// (docs/multi-region.md): the sender's next push (an interval), the link
+// (150 ms at most), and the receiving region's other replica's next read
+// of its Redis (a quarter interval), plus 100 ms for the calls on the way.
+const syncDelay = regionsSync + 150*time.Millisecond + regionsSync/4 + 100*time.Millisecond
 
 // TestRegions runs three regions on loopback, each with its own Redis and
 // two ratelimitd replicas, linked through fault-injecting proxies (50–150

@@ -39,6 +39,7 @@ type loadtestConfig struct {
 	Out                        string          // directory for the JSON reports; "" for none
 	Groups                     map[string]bool // the scenario groups to run (-scenarios)
 	RLQS                       rlqsConfig      // the rlqs group's streams (-rlqs-*)
+	Regions                    regionsConfig   // the regions group's links (-region-*)
 }
 
 // The scenario groups, as -scenarios names them, in the order their rows
@@ -62,10 +63,13 @@ const (
 	// groupRLQS: RLQS streams reporting buckets to ratelimitd -rlqs
 	// (loadtest_rlqs.go), in a table of its own.
 	groupRLQS = "rlqs"
+	// groupRegions: a global limit on Redis, alone and with two peer
+	// regions over slow links (loadtest_regions.go).
+	groupRegions = "regions"
 )
 
 // scenarioGroups lists every group, in table order.
-var scenarioGroups = []string{groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRLQS}
+var scenarioGroups = []string{groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRegions, groupRLQS}
 
 // parseScenarios reads -scenarios: "all", or group names separated by
 // commas.
@@ -122,6 +126,7 @@ func loadtestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.Float64Var(&c.Rate, "rate", 5000, "requests/s of the open-loop scenario")
 	fs.StringVar(&c.Out, "out", "", "write each scenario's full report into this directory as JSON")
 	addRLQSFlags(fs, &c.RLQS)
+	addRegionsFlags(fs, &c.Regions)
 	scenarios := fs.String("scenarios", "all", "the scenario groups to run: all, or some of "+strings.Join(scenarioGroups, ", ")+" separated by commas (such as leased, to reproduce just those rows)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: ratelimit-bench loadtest [flags]
@@ -141,12 +146,15 @@ answers at once (ratelimit-bench floor-server), and a round trip to Redis.
   %s: a grpc-go server answering at once, and a round trip to Redis
   %s: Acquire+Release pairs of a concurrency limit on Redis (many keys,
       one hot key, 1 caller), per pair, against one exact decision
+  %s: a limit of scope: global on Redis, without a region, then as a
+      region with two peer regions over links of -region-latency each
+      way, with the ratios and the sync's bandwidth per active key
   %s: RLQS streams (-rlqs-streams) each reporting -rlqs-buckets buckets
       every -rlqs-interval to ratelimitd -rlqs on -rlqs-backends:
       report-to-assignment latency, CPU and memory, in a table of its own
 
 Flags:
-`, groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRLQS)
+`, groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRegions, groupRLQS)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -201,7 +209,8 @@ type loadtest struct {
 	log io.Writer
 	dir string // temporary: logs and the Redis directory
 
-	lua string // how ratelimitd said it calls Redis: "functions (FCALL)", ...
+	lua     string // how ratelimitd said it calls Redis: "functions (FCALL)", ...
+	redises int    // redis-servers started, to name their directories
 
 	rlqsRows []rlqsRow // the rlqs group's, printed in a table of their own
 
@@ -376,7 +385,13 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 	if c.Groups[groupLeased] {
 		rows = append(rows, compareLeased(leasedOnRedis, leasedOnMemory, c.Workers)...)
 	}
-	return slices.Concat(rows, floors, slotsOnRedis), nil
+	var regions []scenario
+	if c.Groups[groupRegions] {
+		if regions, err = lt.regionsGroup(ctx, redis, redisAddr, rdb); err != nil {
+			return nil, err
+		}
+	}
+	return slices.Concat(rows, floors, slotsOnRedis, regions), nil
 }
 
 // ceiling measures Redis running the decision code alone, called as the

@@ -120,17 +120,18 @@ func (ch *child) tail() string {
 // times, and checks the server answering is its own (INFO's process_id).
 func (lt *loadtest) startRedis(ctx context.Context) (*child, string, error) {
 	var last error
-	for attempt := range 3 {
+	for range 3 {
 		port, err := freePort()
 		if err != nil {
 			return nil, "", err
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		rdir := filepath.Join(lt.dir, fmt.Sprintf("redis-%d", attempt))
+		lt.redises++
+		rdir := filepath.Join(lt.dir, fmt.Sprintf("redis-%d", lt.redises-1))
 		if err := os.Mkdir(rdir, 0o755); err != nil {
 			return nil, "", err
 		}
-		ch, err := lt.start(fmt.Sprintf("redis-%d", attempt), lt.cfg.RedisServer, []string{
+		ch, err := lt.start(fmt.Sprintf("redis-%d", lt.redises-1), lt.cfg.RedisServer, []string{
 			"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
 			"--save", "", "--appendonly", "no", "--dir", rdir,
 		}, nil)

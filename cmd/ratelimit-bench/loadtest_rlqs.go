@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -561,22 +562,8 @@ func rssOf(pid int) int64 {
 // heapOf returns go_memstats_heap_inuse_bytes from the server's /metrics
 // at httpAddr, -1 when it cannot be read.
 func heapOf(ctx context.Context, httpAddr string) int64 {
-	if httpAddr == "" {
-		return -1
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
+	b, err := fetchMetrics(ctx, httpAddr)
 	if err != nil {
-		return -1
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return -1
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
 		return -1
 	}
 	v, err := parseMetric(b, "go_memstats_heap_inuse_bytes")
@@ -584,6 +571,30 @@ func heapOf(ctx context.Context, httpAddr string) int64 {
 		return -1
 	}
 	return int64(v)
+}
+
+// fetchMetrics returns the /metrics text of the ratelimitd serving HTTP at
+// httpAddr.
+func fetchMetrics(ctx context.Context, httpAddr string) ([]byte, error) {
+	if httpAddr == "" {
+		return nil, errors.New("no HTTP address")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	return b, err
 }
 
 // httpAddrOf reads the address of "serving HTTP" from the JSON log of a

@@ -52,8 +52,9 @@ descriptors:
       - requests_per_unit: 1000000
         unit: hour
 `,
-		zipfExact + ".yaml":  zipfRule(zipfExact, key, "exact"),
-		zipfLeased + ".yaml": zipfRule(zipfLeased, key, "leased"),
+		zipfExact + ".yaml":   zipfRule(zipfExact, key, "exact"),
+		zipfLeased + ".yaml":  zipfRule(zipfLeased, key, "leased"),
+		globalLimit + ".yaml": globalRule(key),
 	}
 }
 

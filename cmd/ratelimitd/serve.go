@@ -500,7 +500,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		registerBreaker(reg, guard)
 		// Limits of scope: global are decided against the other regions'
 		// counts, kept in this region's Redis; others pass through.
-		inner, eng, err := newRegion(c, guard, region.NewRedisStore(b.Client(), c.redisPrefix), be.now, log)
+		inner, eng, err := newRegion(c, guard, region.NewRedisStore(b.Client(), c.redisPrefix, region.KeepFor(c.region.interval)), be.now, log)
 		if err != nil {
 			b.Close()
 			return nil, err

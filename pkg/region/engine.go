@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"math"
 	"regexp"
@@ -94,12 +95,20 @@ type Engine struct {
 	peers []*peer
 	index map[string]int // peer name → index in peers
 
-	mu   sync.Mutex
-	keys map[string]*keyState // by counter key
+	// The keys, in shards by hash, so that a round's scan holds one shard
+	// at a time while decisions go on in the others.
+	seed   maphash.Seed
+	shards [numShards]shard
+	parts  atomic.Int64 // keys made, to spread their refreshes over the rounds
+	// pmu guards what the engine knows of the peers (heard, weight, cut).
+	// It is taken after a shard's mutex, never before.
+	pmu sync.RWMutex
 
-	reqs sync.Pool // *[]algo.Request: copies of batches with global requests
+	batches sync.Pool // *batch: copies of batches with global requests
 
-	ticks int // sync rounds run (owned by Run)
+	// Owned by Run: the rounds run, and where the store is read from.
+	ticks  int
+	cursor string
 
 	pushes, pushFailures, pushBytes, pushCounts atomic.Uint64
 	received, receivedCounts                    atomic.Uint64
@@ -109,16 +118,32 @@ type Engine struct {
 type peer struct {
 	Peer
 	client ratelimitdv1.RegionSyncClient
-	// Guarded by Engine.mu:
+	// Guarded by Engine.pmu:
 	heard  time.Time // last heard, by this replica or another of the region
 	weight float64   // as it announced; 1 until heard
 	cut    bool      // counted as cut off at the last check (for logs)
 	// Owned by the sync loop:
 	sent     int  // pushes sent
-	failed   bool // the last push failed: the next carries every count
+	failed   bool // the last push failed: the next is an empty probe, then every count
 	busy     atomic.Bool
 	lastPush time.Time // when the last push succeeded
 }
+
+// numShards is the number of shards of the keys.
+const numShards = 32
+
+// shard is a part of the keys, by hash.
+type shard struct {
+	mu   sync.Mutex
+	keys map[string]*keyState // by counter key
+	// dirty lists the keys whose count grew since a round offered them to
+	// every peer (keyState.dirty marks them).
+	dirty []*keyState
+}
+
+// refreshRounds is how many rounds pass between two refreshes of a key's
+// count from the backend: each round refreshes that part of the keys.
+const refreshRounds = 50
 
 // keyState is what the engine knows of one global key: the limit it was
 // last decided under, and its two latest windows.
@@ -127,6 +152,8 @@ type keyState struct {
 	limit  algo.Limit // N and W; zero until a decision here
 	global algo.Global
 	used   time.Time   // its last decision here
+	part   int         // its refresh group: refreshed once every refreshRounds rounds
+	dirty  bool        // in its shard's dirty list
 	win    [2]winState // by start; the zero start is an empty slot
 }
 
@@ -134,7 +161,6 @@ type keyState struct {
 type winState struct {
 	Window
 	own    uint64   // this region's count, the largest seen
-	wrote  uint64   // own as this replica last wrote it to the store
 	acked  []uint64 // own as each peer acknowledged it
 	remote []uint64 // each peer's count, the largest heard
 	// at and rate: when each peer's count last grew, and how fast it grew
@@ -177,7 +203,10 @@ func New(inner algo.Backend, opts Options) (*Engine, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	e := &Engine{inner: inner, opts: opts, index: make(map[string]int), keys: make(map[string]*keyState)}
+	e := &Engine{inner: inner, opts: opts, index: make(map[string]int), seed: maphash.MakeSeed()}
+	for i := range e.shards {
+		e.shards[i].keys = make(map[string]*keyState)
+	}
 	for _, p := range opts.Peers {
 		if err := CheckName(p.Name); err != nil {
 			return nil, fmt.Errorf("region: peer: %w", err)
@@ -225,44 +254,75 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 		return e.inner.Decide(ctx, reqs, out)
 	}
 	// The requests are copied, so that the caller's keep their limits.
-	p, _ := e.reqs.Get().(*[]algo.Request)
-	if p == nil {
-		p = new([]algo.Request)
+	b, _ := e.batches.Get().(*batch)
+	if b == nil {
+		b = new(batch)
 	}
-	defer func() {
-		clear(*p)
-		*p = (*p)[:0]
-		e.reqs.Put(p)
-	}()
-	cp := append((*p)[:0], reqs...)
-	*p = cp
+	defer e.batches.Put(b)
+	b.reqs = append(b.reqs[:0], reqs...)
+	if cap(b.keys) < len(reqs) {
+		b.keys = make([]*keyState, len(reqs))
+	}
+	b.keys = b.keys[:len(reqs)] // nil: cleared when last used
+	defer b.clear()
+	cp := b.reqs
 	now := e.opts.Now()
-	e.mu.Lock()
 	for ; i < len(cp); i++ {
 		r := &cp[i]
 		if !global(r) {
 			continue
 		}
-		ks := e.track(r, now)
-		r.Limit.Requests -= min(e.offset(ks, windowOf(now, r.Limit.Window), r.Global, now), r.Limit.Requests)
+		sh := e.shardOf(r.Key)
+		sh.mu.Lock()
+		ks := e.track(sh, r, now)
+		e.pmu.RLock()
+		off := e.offset(ks, windowOf(now, r.Limit.Window), r.Global, now)
+		e.pmu.RUnlock()
+		sh.mu.Unlock()
+		r.Limit.Requests -= min(off, r.Limit.Requests)
+		b.keys[i] = ks
 	}
-	e.mu.Unlock()
 	if err := e.inner.Decide(ctx, cp, out); err != nil {
 		return err
 	}
-	e.observe(cp, out, now)
+	e.observe(cp, b.keys, out, now)
 	return nil
 }
 
+// batch is a copy of a batch of requests with global ones, and their keys'
+// states (nil for the others), reused from call to call.
+type batch struct {
+	reqs []algo.Request
+	keys []*keyState
+}
+
+// clear drops what b refers to: the caller's keys, the states.
+func (b *batch) clear() {
+	clear(b.reqs)
+	clear(b.keys)
+}
+
+// shardOf returns the shard of key.
+func (e *Engine) shardOf(key []byte) *shard {
+	return &e.shards[maphash.Bytes(e.seed, key)%numShards]
+}
+
 // track returns the state of r's key, made if new, noting r's limit.
-// Called with e.mu held.
-func (e *Engine) track(r *algo.Request, now time.Time) *keyState {
-	ks := e.keys[string(r.Key)]
+// Called with sh's mutex held, sh the key's shard.
+func (e *Engine) track(sh *shard, r *algo.Request, now time.Time) *keyState {
+	ks := sh.keys[string(r.Key)]
 	if ks == nil {
-		ks = &keyState{key: append([]byte(nil), r.Key...)}
-		e.keys[string(ks.key)] = ks
+		ks = e.newKey(sh, r.Key)
 	}
 	ks.limit, ks.global, ks.used = r.Limit, r.Global, now
+	return ks
+}
+
+// newKey makes and keeps the state of key in its shard sh. Called with
+// sh's mutex held.
+func (e *Engine) newKey(sh *shard, key []byte) *keyState {
+	ks := &keyState{key: append([]byte(nil), key...), part: int(e.parts.Add(1) % refreshRounds)}
+	sh.keys[string(ks.key)] = ks
 	return ks
 }
 
@@ -293,7 +353,7 @@ func (e *Engine) window(ks *keyState, w Window, create bool) *winState {
 // limit for the peers: what each counted, or, for a peer cut off, that or
 // its share of the limit, whichever is more (on_partition: share); with
 // on_partition: exact-local, nothing at all while any peer is cut off.
-// Called with e.mu held.
+// Called with the key's shard's mutex and e.pmu (read) held.
 func (e *Engine) offset(ks *keyState, w Window, g algo.Global, now time.Time) uint64 {
 	ws := e.window(ks, w, false)
 	var off uint64
@@ -314,13 +374,13 @@ func (e *Engine) offset(ks *keyState, w Window, g algo.Global, now time.Time) ui
 }
 
 // cutOff reports whether peer p has gone unheard for longer than
-// PartitionAfter. Called with e.mu held.
+// PartitionAfter. Called with e.pmu held.
 func (e *Engine) cutOff(p *peer, now time.Time) bool {
 	return now.Sub(p.heard) > e.opts.PartitionAfter
 }
 
 // share returns peer i's share of a limit of n: n times its weight over
-// the weights of every region, rounded up. Called with e.mu held.
+// the weights of every region, rounded up. Called with e.pmu held.
 func (e *Engine) share(i int, n uint64) uint64 {
 	total := e.opts.Weight
 	for _, p := range e.peers {
@@ -330,13 +390,12 @@ func (e *Engine) share(i int, n uint64) uint64 {
 }
 
 // observe records this region's count of each global key decided, from
-// the decisions out of the requests reqs (their limits lowered): the
-// count in the window is the lowered limit less what remains, exact but
-// when nothing remains, when it is at least the lowered limit. The window
-// is the one the backend decided in: it ends ResetAfter from now.
-func (e *Engine) observe(reqs []algo.Request, out []algo.Decision, now time.Time) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+// the decisions out of the requests reqs (their limits lowered), whose
+// keys' states are keys (nil: looked up): the count in the window is the
+// lowered limit less what remains, exact but when nothing remains, when
+// it is at least the lowered limit. The window is the one the backend
+// decided in: it ends ResetAfter from now.
+func (e *Engine) observe(reqs []algo.Request, keys []*keyState, out []algo.Decision, now time.Time) {
 	for i := range reqs {
 		r, d := &reqs[i], &out[i]
 		if !global(r) || d.ResetAfter <= 0 {
@@ -350,12 +409,21 @@ func (e *Engine) observe(reqs []algo.Request, out []algo.Decision, now time.Time
 		l := max(r.Limit.Window.Milliseconds(), 1)
 		end := now.Add(d.ResetAfter).UnixMilli()
 		end = (end + l/2) / l * l // the backend's window ends on a multiple of its length
-		ks := e.keys[string(r.Key)]
+		sh := e.shardOf(r.Key)
+		sh.mu.Lock()
+		ks := keys[i]
 		if ks == nil {
-			continue
+			ks = sh.keys[string(r.Key)]
 		}
-		if ws := e.window(ks, Window{Length: l, Start: end - l}, true); ws != nil {
-			ws.own = max(ws.own, count)
+		if ks != nil {
+			if ws := e.window(ks, Window{Length: l, Start: end - l}, true); ws != nil && count > ws.own {
+				ws.own = count
+				if !ks.dirty {
+					ks.dirty = true
+					sh.dirty = append(sh.dirty, ks)
+				}
+			}
 		}
+		sh.mu.Unlock()
 	}
 }

@@ -10,10 +10,10 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
-// TestRedisStore merges counts into a real Redis, standalone and a
-// 3-master Cluster: each kept at its largest, windows apart, the last
-// hearing of each region with its weight, and every window's hash set to
-// expire after the window ends.
+// TestRedisStore appends pushes to a real Redis, standalone and a 3-master
+// Cluster, and reads them back from cursors: all of them from scratch, in
+// order and whole; then only the ones after a cursor, in batches; and old
+// ones are trimmed away once past the store's keep.
 func TestRedisStore(t *testing.T) {
 	rs := redistest.Start(t)
 	standalone := goredis.NewClient(&goredis.Options{Addr: rs.Addr})
@@ -24,57 +24,59 @@ func TestRedisStore(t *testing.T) {
 	for name, rdb := range map[string]goredis.UniversalClient{"standalone": standalone, "cluster": cluster} {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
-			s := NewRedisStore(rdb, "test:"+name+":")
-			now := time.Now()
+			s := NewRedisStore(rdb, "test:"+name+":", 10*time.Second)
+			now := time.Now().Truncate(time.Millisecond)
 			w := windowOf(now, time.Minute)
-			prev := Window{Length: w.Length, Start: w.Start - w.Length}
-			merge := func(region string, weight float64, at time.Time, counts ...Count) {
-				t.Helper()
-				if err := s.Merge(ctx, region, counts, &Heard{At: at, Weight: weight}); err != nil {
+			push := func(region string, at time.Time, counts ...Count) Push {
+				for i := range counts {
+					counts[i].Region = region
+				}
+				p := Push{Region: region, Weight: 2, At: at, Counts: counts}
+				if err := s.Append(ctx, p); err != nil {
 					t.Fatal(err)
 				}
+				return p
 			}
-			merge("us", 2, now, Count{Key: []byte("a"), Window: w, Count: 5}, Count{Key: []byte("b\x00x"), Window: w, Count: 7}, Count{Key: []byte("a"), Window: prev, Count: 90})
-			merge("us", 2, now.Add(-time.Second), Count{Key: []byte("a"), Window: w, Count: 3}) // older and smaller: kept 5
-			merge("ap", 0.5, now, Count{Key: []byte("a"), Window: w, Count: 11})
-			merge("us", 3, now.Add(time.Second), Count{Key: []byte("b\x00x"), Window: w, Count: 8})
-			counts, heard, err := s.Load(ctx, []Window{w, prev})
-			if err != nil {
-				t.Fatal(err)
+			// Far in the past, so that the next appends trim it.
+			push("ap", now.Add(-time.Hour), Count{Key: []byte("old"), Window: w, Count: 1})
+			var want []Push
+			for i := range 25 {
+				want = append(want, push("us", now.Add(time.Duration(i)*time.Millisecond),
+					Count{Key: []byte("a"), Window: w, Count: uint64(i)}, Count{Key: []byte("b\x00x"), Window: Window{Length: w.Length, Start: w.Start - w.Length}, Count: 7}))
 			}
-			got := map[string]uint64{}
-			for _, c := range counts {
-				got[c.Region+"/"+string(c.Key)+"/"+map[bool]string{true: "now", false: "prev"}[c.Window == w]] = c.Count
-			}
-			want := map[string]uint64{"us/a/now": 5, "us/b\x00x/now": 8, "us/a/prev": 90, "ap/a/now": 11}
-			if len(got) != len(want) {
-				t.Fatalf("loaded %v, want %v", got, want)
-			}
-			for k, v := range want {
-				if got[k] != v {
-					t.Errorf("%q: %d, want %d", k, got[k], v)
+			// XADD MINID ~ trims whole nodes of the stream: the old push may
+			// stay until a node fills. What is read is every push kept.
+			var got []Push
+			cursor := ""
+			for {
+				ps, next, err := s.Read(ctx, cursor, 10)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, cursor = append(got, ps...), next
+				if len(ps) < 10 {
+					break
 				}
 			}
-			if h := heard["us"]; h.At.UnixMilli() != now.Add(time.Second).UnixMilli() || h.Weight != 3 {
-				t.Errorf("us heard %+v, want the last hearing, weight 3", h)
+			if len(got) > 0 && got[0].Region == "ap" {
+				got = got[1:] // not trimmed yet: allowed
 			}
-			if h := heard["ap"]; h.At.UnixMilli() != now.UnixMilli() || h.Weight != 0.5 {
-				t.Errorf("ap heard %+v", h)
+			if len(got) != len(want) {
+				t.Fatalf("read %d pushes, want %d", len(got), len(want))
 			}
-			merge("us", 1, now.Add(-time.Minute)) // an older hearing changes nothing
-			if _, heard, _ = s.Load(ctx, nil); heard["us"].Weight != 3 {
-				t.Errorf("an older hearing replaced a later one: %+v", heard["us"])
+			for i := range want {
+				g, w := got[i], want[i]
+				if g.Region != w.Region || g.Weight != w.Weight || !g.At.Equal(w.At) || len(g.Counts) != 2 ||
+					string(g.Counts[0].Key) != "a" || g.Counts[0].Count != w.Counts[0].Count || g.Counts[0].Window != w.Counts[0].Window ||
+					string(g.Counts[1].Key) != "b\x00x" || g.Counts[1].Window != w.Counts[1].Window || g.Counts[1].Region != "us" {
+					t.Fatalf("push %d read as %+v, want %+v", i, g, w)
+				}
 			}
-			// A replica's own region's counts are merged, without a hearing.
-			if err := s.Merge(ctx, "eu", []Count{{Key: []byte("a"), Window: w, Count: 4}}, nil); err != nil {
-				t.Fatal(err)
-			}
-			if counts, heard, _ = s.Load(ctx, []Window{w}); len(counts) != 4 || heard["eu"] != (Heard{}) {
-				t.Errorf("after eu's own count: %d counts, eu heard %+v; want 4 counts, eu never heard", len(counts), heard["eu"])
-			}
-			ttl, err := rdb.PTTL(ctx, s.windowKey(w)).Result()
-			if err != nil || ttl <= 0 || ttl > time.Duration(w.End()-now.UnixMilli())*time.Millisecond+keep(w) {
-				t.Errorf("window hash TTL %v (%v): want it to expire %v after the window ends", ttl, err, keep(w))
+			// From the cursor, only what comes next.
+			next := push("eu", now.Add(time.Second), Count{Key: []byte("c"), Window: w, Count: 3})
+			ps, _, err := s.Read(ctx, cursor, 10)
+			if err != nil || len(ps) != 1 || ps[0].Region != next.Region || ps[0].Counts[0].Count != 3 {
+				t.Fatalf("after the cursor: %+v (%v), want the one push appended since", ps, err)
 			}
 		})
 	}

@@ -62,13 +62,11 @@ func (s syncServer) Push(ctx context.Context, req *ratelimitdv1.PushRequest) (*r
 		weight = 1
 	}
 	now := e.opts.Now()
-	if err := e.opts.Store.Merge(ctx, req.GetRegion(), counts, &Heard{At: now, Weight: weight}); err != nil {
+	if err := e.opts.Store.Append(ctx, Push{Region: req.GetRegion(), Weight: weight, At: now, Counts: counts}); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "region %q could not store the counts: %v", e.opts.Region, err)
 	}
 	e.received.Add(1)
 	e.receivedCounts.Add(uint64(len(counts)))
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	e.hear(req.GetRegion(), now, weight)
 	for i := range counts {
 		e.merge(&counts[i], now)

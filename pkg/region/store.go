@@ -2,24 +2,33 @@ package region
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 )
 
-// Store keeps, for every replica of a region, what the peer regions
-// reported: their counts per key and window, merged by maximum, and when
-// each peer was last heard and with what weight. Any replica may receive
-// a peer's push (they sit behind one address); every replica reads the
-// store every sync interval.
+// Store keeps, for every replica of a region, the pushes its peers sent to
+// any of them (they sit behind one address), for a while: each replica
+// follows it from its own cursor every sync interval, so reading costs
+// what arrived since, not all that is known. A push is a state (the
+// sender's counts), not a change, so a replica that starts, or falls
+// behind past what is kept, loses nothing by reading what is kept: full
+// pushes come every FullEvery intervals from every peer replica.
 type Store interface {
-	// Merge records counts of region, each kept only if larger than the
-	// one recorded, and, when heard is not nil, that region was heard
-	// then (a peer's push; a replica records its own region's counts with
-	// none, for its siblings).
-	Merge(ctx context.Context, region string, counts []Count, heard *Heard) error
-	// Load returns every count recorded in the windows given, and every
-	// peer's last hearing.
-	Load(ctx context.Context, windows []Window) ([]Count, map[string]Heard, error)
+	// Append records push.
+	Append(ctx context.Context, push Push) error
+	// Read returns the pushes recorded after cursor, oldest first (every
+	// push kept, from the empty cursor), at most limit of them, and the
+	// cursor to read the next ones from.
+	Read(ctx context.Context, cursor string, limit int) ([]Push, string, error)
+}
+
+// Push is what a peer region pushed: its counts, and when it was heard.
+type Push struct {
+	Region string
+	Weight float64
+	At     time.Time // when a replica of this region received it, on its clock
+	Counts []Count
 }
 
 // Window is one window of a limit: its length and its start, both in ms
@@ -44,24 +53,23 @@ type Heard struct {
 	Weight float64
 }
 
-// keep is how long a store keeps a window's counts past its end: long
-// enough for the peers' pushes of the previous window to arrive, and to be
-// read at the next interval.
-func keep(w Window) time.Duration {
-	return time.Duration(w.Length)*time.Millisecond + 10*time.Second
+// KeepFor is how long a store of a region syncing every interval keeps
+// the pushes: several full pushes of every peer replica, so that a replica
+// that reads only what is kept still finds every count.
+func KeepFor(interval time.Duration) time.Duration {
+	return max(4*DefaultFullEvery*interval, 10*time.Second)
 }
 
 // MemoryStore is a [Store] in this process: for a region of one replica
-// (ratelimitd on the memory backend). Windows are dropped once ended for
-// as long as keep says, on the next Merge.
+// (ratelimitd on the memory backend), or tests. It keeps the pushes of the
+// last Keep (10 s by default).
 type MemoryStore struct {
-	mu      sync.Mutex
-	windows map[Window]map[countKey]uint64
-	heard   map[string]Heard
-	now     func() time.Time
+	mu     sync.Mutex
+	pushes []Push
+	first  int // the sequence number of pushes[0]
+	now    func() time.Time
+	Keep   time.Duration
 }
-
-type countKey struct{ region, key string }
 
 // NewMemoryStore returns an empty MemoryStore on the clock now (nil:
 // time.Now).
@@ -69,47 +77,35 @@ func NewMemoryStore(now func() time.Time) *MemoryStore {
 	if now == nil {
 		now = time.Now
 	}
-	return &MemoryStore{windows: make(map[Window]map[countKey]uint64), heard: make(map[string]Heard), now: now}
+	return &MemoryStore{now: now, Keep: 10 * time.Second}
 }
 
-// Merge implements [Store].
-func (m *MemoryStore) Merge(_ context.Context, region string, counts []Count, heard *Heard) error {
+// Append implements [Store].
+func (m *MemoryStore) Append(_ context.Context, push Push) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now().UnixMilli()
-	for w := range m.windows {
-		if w.End()+keep(w).Milliseconds() < now {
-			delete(m.windows, w)
-		}
+	cut := 0
+	for cut < len(m.pushes) && m.now().Sub(m.pushes[cut].At) > m.Keep {
+		cut++
 	}
-	for _, c := range counts {
-		w := m.windows[c.Window]
-		if w == nil {
-			w = make(map[countKey]uint64)
-			m.windows[c.Window] = w
-		}
-		k := countKey{region, string(c.Key)}
-		w[k] = max(w[k], c.Count)
-	}
-	if h := m.heard[region]; heard != nil && !heard.At.Before(h.At) {
-		m.heard[region] = *heard
-	}
+	m.pushes, m.first = append(m.pushes[cut:], push), m.first+cut
 	return nil
 }
 
-// Load implements [Store].
-func (m *MemoryStore) Load(_ context.Context, windows []Window) ([]Count, map[string]Heard, error) {
+// Read implements [Store].
+func (m *MemoryStore) Read(_ context.Context, cursor string, limit int) ([]Push, string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []Count
-	for _, w := range windows {
-		for k, n := range m.windows[w] {
-			out = append(out, Count{Region: k.region, Key: []byte(k.key), Window: w, Count: n})
+	next := m.first
+	if cursor != "" {
+		n, err := strconv.Atoi(cursor)
+		if err != nil {
+			return nil, cursor, err
 		}
+		next = n
 	}
-	heard := make(map[string]Heard, len(m.heard))
-	for r, h := range m.heard {
-		heard[r] = h
-	}
-	return out, heard, nil
+	i := min(len(m.pushes), max(next-m.first, 0))
+	j := min(len(m.pushes), i+limit)
+	out := append([]Push(nil), m.pushes[i:j]...)
+	return out, strconv.Itoa(m.first + j), nil
 }

@@ -1,6 +1,7 @@
 package region
 
 import (
+	"context"
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
@@ -8,25 +9,38 @@ import (
 
 // GlobalState implements [algo.GlobalReader]: what this replica knows of
 // key, a limit l of scope: global, in the window that holds now; false
-// when l is not one the engine decides.
+// when l is not one the engine decides. This region's count is read from
+// the backend (a read that stores nothing), as the other replicas of the
+// region may have counted hits this one has not decided.
 func (e *Engine) GlobalState(key []byte, l algo.Limit, g algo.Global) (algo.GlobalState, bool) {
 	r := algo.Request{Key: key, Limit: l, Global: g}
 	if !global(&r) {
 		return algo.GlobalState{}, false
 	}
 	now := e.opts.Now()
+	r.Peek = true
+	out := make([]algo.Decision, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), e.timeout())
+	var counted uint64 // this region's count, as the backend holds it
+	if err := e.inner.Decide(ctx, []algo.Request{r}, out); err == nil && out[0].ResetAfter > 0 {
+		counted = l.Requests - min(out[0].Remaining, l.Requests)
+	}
+	cancel()
 	w := windowOf(now, l.Window)
 	st := algo.GlobalState{Start: time.UnixMilli(w.Start), Window: time.Duration(w.Length) * time.Millisecond}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	ks := e.keys[string(key)]
+	sh := e.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e.pmu.RLock()
+	defer e.pmu.RUnlock()
+	ks := sh.keys[string(key)]
 	if ks == nil {
 		ks = &keyState{limit: l, global: g} // not kept: explaining changes nothing
 	}
 	ws := e.window(ks, w, false)
-	own := algo.RegionCount{Region: e.opts.Region}
+	own := algo.RegionCount{Region: e.opts.Region, Count: counted}
 	if ws != nil {
-		own.Count = ws.own
+		own.Count = max(own.Count, ws.own)
 	}
 	st.Counts = append(st.Counts, own)
 	limitKS := *ks
@@ -87,8 +101,7 @@ func (e *Engine) Stats() Stats {
 		Pushes: e.pushes.Load(), PushFailures: e.pushFailures.Load(), PushBytes: e.pushBytes.Load(), PushCounts: e.pushCounts.Load(),
 		Received: e.received.Load(), ReceivedCounts: e.receivedCounts.Load(),
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.pmu.RLock()
 	for _, p := range e.peers {
 		st.Known[p.Name] = 0
 		ps := PeerStats{Name: p.Name, Addr: p.Addr, Unheard: now.Sub(p.heard), CutOff: e.cutOff(p, now), Weight: p.weight}
@@ -97,19 +110,25 @@ func (e *Engine) Stats() Stats {
 		}
 		st.Peers = append(st.Peers, ps)
 	}
+	e.pmu.RUnlock()
 	ms := now.UnixMilli()
-	for _, ks := range e.keys {
-		st.Keys++
-		for j := range ks.win {
-			w := &ks.win[j]
-			if w.Start == 0 || ms < w.Start || ms >= w.End() {
-				continue // not the current window
-			}
-			st.Known[e.opts.Region] += w.own
-			for i, p := range e.peers {
-				st.Known[p.Name] += w.remote[i]
+	for si := range e.shards {
+		sh := &e.shards[si]
+		sh.mu.Lock()
+		for _, ks := range sh.keys {
+			st.Keys++
+			for j := range ks.win {
+				w := &ks.win[j]
+				if w.Start == 0 || ms < w.Start || ms >= w.End() {
+					continue // not the current window
+				}
+				st.Known[e.opts.Region] += w.own
+				for i, p := range e.peers {
+					st.Known[p.Name] += w.remote[i]
+				}
 			}
 		}
+		sh.mu.Unlock()
 	}
 	return st
 }
