@@ -14,9 +14,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	encproto "google.golang.org/grpc/encoding/proto"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
-	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
 
 // Defaults of [Options].
@@ -26,10 +27,10 @@ const (
 	// before it counts as cut off (at least minPartitionAfter).
 	partitionIntervals = 10
 	minPartitionAfter  = time.Second
-	// DefaultFullEvery is how many pushes to a peer pass between two that
-	// carry every count, not only those that grew since the peer last
-	// acknowledged them.
-	DefaultFullEvery = 10
+	// scanEvery is how many rounds pass between two that go over every
+	// key: forgetting the windows that ended, refreshing a part of the
+	// counts from the backend.
+	scanEvery = 10
 	// maxPushCounts bounds the counts of one push; more go in several.
 	maxPushCounts = 10000
 )
@@ -52,9 +53,12 @@ type Options struct {
 	// PartitionAfter is how long a peer may go unheard before this region
 	// counts it as cut off. Default 10 intervals, at least 1s.
 	PartitionAfter time.Duration
-	// FullEvery is how many pushes to a peer pass between two that carry
-	// every count. Default 10.
-	FullEvery int
+	// FullEvery is how long passes between two pushes to a peer that
+	// carry every count, not only those that grew since the peer last
+	// acknowledged them. Default half of [KeepFor] the interval (5 s at
+	// the default interval): a replica that reads only what the store
+	// keeps still finds every count.
+	FullEvery time.Duration
 	// Store keeps what the peers pushed for every replica of the region.
 	// Required.
 	Store Store
@@ -100,15 +104,14 @@ type Engine struct {
 	seed   maphash.Seed
 	shards [numShards]shard
 	parts  atomic.Int64 // keys made, to spread their refreshes over the rounds
-	// pmu guards what the engine knows of the peers (heard, weight, cut).
-	// It is taken after a shard's mutex, never before.
-	pmu sync.RWMutex
 
 	batches sync.Pool // *batch: copies of batches with global requests
 
 	// Owned by Run: the rounds run, and where the store is read from.
 	ticks  int
 	cursor string
+
+	codec grpc.CallOption // sends pushes encoded once for every peer
 
 	pushes, pushFailures, pushBytes, pushCounts atomic.Uint64
 	received, receivedCounts                    atomic.Uint64
@@ -117,17 +120,28 @@ type Engine struct {
 // peer is a peer region as this replica sees it.
 type peer struct {
 	Peer
-	client ratelimitdv1.RegionSyncClient
-	// Guarded by Engine.pmu:
-	heard  time.Time // last heard, by this replica or another of the region
-	weight float64   // as it announced; 1 until heard
-	cut    bool      // counted as cut off at the last check (for logs)
+	conn grpc.ClientConnInterface
+	// Read by decisions, without a lock: written only when the peer is
+	// heard.
+	heard  atomic.Int64  // when last heard, by this replica or another of the region (Unix ns; 0: never)
+	weight atomic.Uint64 // the weight it announced (float64 bits); 1 until heard
 	// Owned by the sync loop:
-	sent     int  // pushes sent
-	failed   bool // the last push failed: the next is an empty probe, then every count
+	cut      bool      // counted as cut off at the last check (for logs)
+	failed   bool      // the last push failed: the next is an empty probe, then every count
+	lastFull time.Time // when the last push of every count was made
 	busy     atomic.Bool
-	lastPush time.Time // when the last push succeeded
 }
+
+// heardAt returns when p was last heard; the zero time if never.
+func (p *peer) heardAt() time.Time {
+	if ns := p.heard.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// weightOf returns the weight p announced, 1 until heard.
+func (p *peer) weightOf() float64 { return math.Float64frombits(p.weight.Load()) }
 
 // numShards is the number of shards of the keys.
 const numShards = 32
@@ -160,13 +174,19 @@ type keyState struct {
 // winState is one window of a key.
 type winState struct {
 	Window
-	own    uint64   // this region's count, the largest seen
-	acked  []uint64 // own as each peer acknowledged it
-	remote []uint64 // each peer's count, the largest heard
-	// at and rate: when each peer's count last grew, and how fast it grew
-	// then (hits per second), for explain's estimate of what is unseen.
-	at   []time.Time
-	rate []float64
+	own   uint64      // this region's count, the largest seen
+	peers []peerCount // by peer, in one allocation: a decision reads them all
+}
+
+// peerCount is what a window of a key holds for one peer.
+type peerCount struct {
+	acked  uint64 // own as the peer acknowledged it
+	remote uint64 // the peer's count, the largest heard
+	// at and rate: when the peer's count last grew (Unix ns, 0: never),
+	// and how fast it grew then (hits per second), for explain's
+	// estimate of what is unseen.
+	at   int64
+	rate float64
 }
 
 // New returns an engine deciding through inner.
@@ -190,7 +210,7 @@ func New(inner algo.Backend, opts Options) (*Engine, error) {
 		opts.PartitionAfter = max(partitionIntervals*opts.Interval, minPartitionAfter)
 	}
 	if opts.FullEvery <= 0 {
-		opts.FullEvery = DefaultFullEvery
+		opts.FullEvery = KeepFor(opts.Interval) / 2
 	}
 	if opts.Dial == nil {
 		opts.Dial = func(addr string) (grpc.ClientConnInterface, error) {
@@ -203,7 +223,8 @@ func New(inner algo.Backend, opts Options) (*Engine, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	e := &Engine{inner: inner, opts: opts, index: make(map[string]int), seed: maphash.MakeSeed()}
+	e := &Engine{inner: inner, opts: opts, index: make(map[string]int), seed: maphash.MakeSeed(),
+		codec: grpc.ForceCodecV2(pushCodec{proto: encoding.GetCodecV2(encproto.Name)})}
 	for i := range e.shards {
 		e.shards[i].keys = make(map[string]*keyState)
 	}
@@ -222,7 +243,9 @@ func New(inner algo.Backend, opts Options) (*Engine, error) {
 			return nil, fmt.Errorf("region: peer %s at %s: %w", p.Name, p.Addr, err)
 		}
 		e.index[p.Name] = len(e.peers)
-		e.peers = append(e.peers, &peer{Peer: p, client: ratelimitdv1.NewRegionSyncClient(conn), weight: 1})
+		pr := &peer{Peer: p, conn: conn}
+		pr.weight.Store(math.Float64bits(1))
+		e.peers = append(e.peers, pr)
 	}
 	return e, nil
 }
@@ -275,9 +298,7 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 		sh := e.shardOf(r.Key)
 		sh.mu.Lock()
 		ks := e.track(sh, r, now)
-		e.pmu.RLock()
 		off := e.offset(ks, windowOf(now, r.Limit.Window), r.Global, now)
-		e.pmu.RUnlock()
 		sh.mu.Unlock()
 		r.Limit.Requests -= min(off, r.Limit.Requests)
 		b.keys[i] = ks
@@ -345,7 +366,7 @@ func (e *Engine) window(ks *keyState, w Window, create bool) *winState {
 		return nil // older than both: no longer kept
 	}
 	n := len(e.peers)
-	ks.win[old] = winState{Window: w, acked: make([]uint64, n), remote: make([]uint64, n), at: make([]time.Time, n), rate: make([]float64, n)}
+	ks.win[old] = winState{Window: w, peers: make([]peerCount, n)}
 	return &ks.win[old]
 }
 
@@ -353,14 +374,14 @@ func (e *Engine) window(ks *keyState, w Window, create bool) *winState {
 // limit for the peers: what each counted, or, for a peer cut off, that or
 // its share of the limit, whichever is more (on_partition: share); with
 // on_partition: exact-local, nothing at all while any peer is cut off.
-// Called with the key's shard's mutex and e.pmu (read) held.
+// Called with the key's shard's mutex held.
 func (e *Engine) offset(ks *keyState, w Window, g algo.Global, now time.Time) uint64 {
 	ws := e.window(ks, w, false)
 	var off uint64
 	for i, p := range e.peers {
 		var c uint64
 		if ws != nil {
-			c = ws.remote[i]
+			c = ws.peers[i].remote
 		}
 		if e.cutOff(p, now) {
 			if g == algo.GlobalExactLocal {
@@ -374,19 +395,19 @@ func (e *Engine) offset(ks *keyState, w Window, g algo.Global, now time.Time) ui
 }
 
 // cutOff reports whether peer p has gone unheard for longer than
-// PartitionAfter. Called with e.pmu held.
+// PartitionAfter.
 func (e *Engine) cutOff(p *peer, now time.Time) bool {
-	return now.Sub(p.heard) > e.opts.PartitionAfter
+	return now.Sub(p.heardAt()) > e.opts.PartitionAfter
 }
 
 // share returns peer i's share of a limit of n: n times its weight over
-// the weights of every region, rounded up. Called with e.pmu held.
+// the weights of every region, rounded up.
 func (e *Engine) share(i int, n uint64) uint64 {
 	total := e.opts.Weight
 	for _, p := range e.peers {
-		total += p.weight
+		total += p.weightOf()
 	}
-	return uint64(math.Ceil(float64(n) * e.peers[i].weight / total))
+	return uint64(math.Ceil(float64(n) * e.peers[i].weightOf() / total))
 }
 
 // observe records this region's count of each global key decided, from

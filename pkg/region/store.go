@@ -13,7 +13,7 @@ import (
 // what arrived since, not all that is known. A push is a state (the
 // sender's counts), not a change, so a replica that starts, or falls
 // behind past what is kept, loses nothing by reading what is kept: full
-// pushes come every FullEvery intervals from every peer replica.
+// pushes come every Options.FullEvery from every peer replica.
 type Store interface {
 	// Append records push.
 	Append(ctx context.Context, push Push) error
@@ -57,7 +57,7 @@ type Heard struct {
 // the pushes: several full pushes of every peer replica, so that a replica
 // that reads only what is kept still finds every count.
 func KeepFor(interval time.Duration) time.Duration {
-	return max(4*DefaultFullEvery*interval, 10*time.Second)
+	return max(4*scanEvery*interval, 10*time.Second)
 }
 
 // MemoryStore is a [Store] in this process: for a region of one replica

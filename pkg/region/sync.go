@@ -2,9 +2,13 @@ package region
 
 import (
 	"context"
+	"math"
+	"slices"
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
@@ -63,7 +67,7 @@ func (e *Engine) tick(ctx context.Context, wg *sync.WaitGroup) {
 		go func() {
 			defer wg.Done()
 			defer p.busy.Store(false)
-			e.push(ctx, i, pushes[n].reqs, pushes[n].sent)
+			e.push(ctx, i, pushes[n])
 		}()
 	}
 	// A peer whose last push failed is sent an empty push, which costs
@@ -75,10 +79,9 @@ func (e *Engine) tick(ctx context.Context, wg *sync.WaitGroup) {
 		go func() {
 			defer wg.Done()
 			defer p.busy.Store(false)
-			e.push(ctx, i, []*ratelimitdv1.PushRequest{{Region: e.opts.Region, Weight: e.opts.Weight}}, nil)
+			e.push(ctx, i, e.encode(nil, nil))
 			if !p.failed {
-				o := e.everyCount(i)
-				e.push(ctx, i, o.reqs, o.sent)
+				e.push(ctx, i, e.everyCount(i))
 			}
 		}()
 	}
@@ -87,34 +90,40 @@ func (e *Engine) tick(ctx context.Context, wg *sync.WaitGroup) {
 	e.notePartitions(now)
 }
 
-// outgoing is a push being made for one peer: its requests, and the
-// counts they carry, to note once acknowledged.
-type outgoing struct {
-	reqs []*ratelimitdv1.PushRequest
-	sent []sentCount
+// offered is what a round offers the peers: the counts every ready peer
+// is sent (common), and those only some are (only, by ready peer), each
+// beside what to note once the peer acknowledges it.
+type offered struct {
+	common     []*ratelimitdv1.RegionCount
+	commonSent []sentCount
+	only       [][]*ratelimitdv1.RegionCount
+	onlySent   [][]sentCount
 }
 
-// scan makes the pushes of this round to the ready peers (see
-// sentCount) and returns the reads that refresh this region's count of
-// this round's part of the keys decided here. Most rounds it goes over the
-// keys whose count grew since a round pushed them to every peer (the
-// shards' dirty lists); every FullEvery rounds, or when a ready peer is
-// due a full push, over every key, a shard at a time: it then also forgets
-// the windows that ended more than a window ago and the keys left with
-// none that are not decided here any more, and refreshes a part of the
-// keys (every key once every refreshRounds rounds).
+// scan makes the pushes of this round to the ready peers and returns the
+// reads that refresh this region's count of this round's part of the keys
+// decided here. Most rounds it goes over the keys whose count grew since
+// a round offered them to every peer (the shards' dirty lists); every
+// scanEvery rounds, or when a ready peer is due a full push (every
+// FullEvery), over every key, a shard at a time: it then also forgets the
+// windows that ended more than a window ago and the keys left with none
+// that are not decided here any more, and refreshes a part of the keys
+// not decided lately (each such key once every refreshRounds rounds), so
+// that what a replica knows of its region's count of a key is never more
+// than about 2·refreshRounds rounds old.
 func (e *Engine) scan(now time.Time, ready []int) ([]outgoing, []algo.Request) {
 	ms := now.UnixMilli()
-	out := make([]outgoing, len(ready))
 	full := make([]bool, len(ready))
-	all := e.ticks%e.opts.FullEvery == 0
+	all := e.ticks%scanEvery == 0
 	for n, i := range ready {
 		p := e.peers[i]
-		full[n] = p.sent%e.opts.FullEvery == 0
+		if now.Sub(p.lastFull) >= e.opts.FullEvery {
+			full[n] = true
+			p.lastFull = now
+		}
 		all = all || full[n]
-		p.sent++
-		out[n].reqs = []*ratelimitdv1.PushRequest{{Region: e.opts.Region, Weight: e.opts.Weight}}
 	}
+	o := offered{only: make([][]*ratelimitdv1.RegionCount, len(ready)), onlySent: make([][]sentCount, len(ready))}
 	// The dirty lists are emptied once every peer was offered them.
 	settled := len(ready) == len(e.peers)
 	var refresh []algo.Request
@@ -123,13 +132,13 @@ func (e *Engine) scan(now time.Time, ready []int) ([]outgoing, []algo.Request) {
 		sh.mu.Lock()
 		if all {
 			part := -1
-			if e.ticks%e.opts.FullEvery == 0 {
-				part = (e.ticks / e.opts.FullEvery) % (refreshRounds / e.opts.FullEvery)
+			if e.ticks%scanEvery == 0 {
+				part = (e.ticks / scanEvery) % (refreshRounds / scanEvery)
 			}
-			refresh = e.scanShard(sh, ms, now, ready, full, out, part, refresh)
+			refresh = e.scanShard(sh, ms, now, ready, full, &o, part, refresh)
 		} else {
 			for _, ks := range sh.dirty {
-				e.offer(sh, ks, ready, full, out)
+				e.offer(sh, ks, ready, full, &o)
 			}
 		}
 		if settled {
@@ -141,25 +150,36 @@ func (e *Engine) scan(now time.Time, ready []int) ([]outgoing, []algo.Request) {
 		}
 		sh.mu.Unlock()
 	}
+	// The counts common to every ready peer are encoded once.
+	common := e.encode(o.common, o.commonSent)
+	out := make([]outgoing, len(ready))
+	for n := range ready {
+		out[n] = common
+		if len(o.only[n]) > 0 {
+			own := e.encode(o.only[n], o.onlySent[n])
+			out[n] = outgoing{reqs: append(slices.Clip(common.reqs), own.reqs...), sent: append(slices.Clip(common.sent), own.sent...)}
+		}
+	}
 	return out, refresh
 }
 
 // everyCount returns a full push to peer i, made apart from a round.
 func (e *Engine) everyCount(i int) outgoing {
-	out := []outgoing{{reqs: []*ratelimitdv1.PushRequest{{Region: e.opts.Region, Weight: e.opts.Weight}}}}
+	o := offered{only: make([][]*ratelimitdv1.RegionCount, 1), onlySent: make([][]sentCount, 1)}
 	now := e.opts.Now()
+	e.peers[i].lastFull = now
 	for si := range e.shards {
 		sh := &e.shards[si]
 		sh.mu.Lock()
-		e.scanShard(sh, now.UnixMilli(), now, []int{i}, []bool{true}, out, -1, nil)
+		e.scanShard(sh, now.UnixMilli(), now, []int{i}, []bool{true}, &o, -1, nil)
 		sh.mu.Unlock()
 	}
-	return out[0]
+	return e.encode(o.common, o.commonSent)
 }
 
 // scanShard is scan's work on every key of sh, whose mutex is held:
 // refreshing the keys decided here of refresh group part (-1: none).
-func (e *Engine) scanShard(sh *shard, ms int64, now time.Time, ready []int, full []bool, out []outgoing, part int, refresh []algo.Request) []algo.Request {
+func (e *Engine) scanShard(sh *shard, ms int64, now time.Time, ready []int, full []bool, o *offered, part int, refresh []algo.Request) []algo.Request {
 	for k, ks := range sh.keys {
 		// A key decided here stays while it may be decided again in this
 		// window or the next.
@@ -176,8 +196,10 @@ func (e *Engine) scanShard(sh *shard, ms int64, now time.Time, ready []int, full
 			delete(sh.keys, k) // a dirty list may still hold it: harmless
 			continue
 		}
-		e.offer(sh, ks, ready, full, out)
-		if decided && ks.part%(refreshRounds/e.opts.FullEvery) == part {
+		e.offer(sh, ks, ready, full, o)
+		// A key decided within the last refreshRounds rounds learned its
+		// count then; only those idle for longer are read.
+		if decided && ks.part%(refreshRounds/scanEvery) == part && now.Sub(ks.used) >= refreshRounds*e.opts.Interval {
 			refresh = append(refresh, algo.Request{Key: ks.key, Limit: ks.limit, Peek: true, Global: ks.global})
 		}
 	}
@@ -185,29 +207,87 @@ func (e *Engine) scanShard(sh *shard, ms int64, now time.Time, ready []int, full
 }
 
 // offer adds the counts of ks to the pushes to the ready peers: those
-// that grew since the peer acknowledged them, or all on a full push.
-// sh's mutex is held.
-func (e *Engine) offer(sh *shard, ks *keyState, ready []int, full []bool, out []outgoing) {
+// that grew since the peer acknowledged them, or all on a full push; a
+// count every ready peer is due goes to the common part. sh's mutex is
+// held.
+func (e *Engine) offer(sh *shard, ks *keyState, ready []int, full []bool, o *offered) {
 	for j := range ks.win {
 		w := &ks.win[j]
 		if w.Start == 0 || w.own == 0 {
 			continue
 		}
+		due := 0
 		for n, i := range ready {
-			if !full[n] && w.own <= w.acked[i] {
-				continue
+			if full[n] || w.own > w.peers[i].acked {
+				due++
 			}
-			o := &out[n]
-			req := o.reqs[len(o.reqs)-1]
-			if len(req.Counts) == maxPushCounts {
-				req = &ratelimitdv1.PushRequest{Region: e.opts.Region, Weight: e.opts.Weight}
-				o.reqs = append(o.reqs, req)
+		}
+		if due == 0 {
+			continue
+		}
+		rc := &ratelimitdv1.RegionCount{Key: ks.key, WindowStartMs: w.Start, WindowMs: w.Length, Count: w.own}
+		sc := sentCount{sh: sh, ks: ks, window: w.Window, count: w.own}
+		if due == len(ready) {
+			o.common, o.commonSent = append(o.common, rc), append(o.commonSent, sc)
+			continue
+		}
+		for n, i := range ready {
+			if full[n] || w.own > w.peers[i].acked {
+				o.only[n], o.onlySent[n] = append(o.only[n], rc), append(o.onlySent[n], sc)
 			}
-			req.Counts = append(req.Counts, &ratelimitdv1.RegionCount{Key: ks.key, WindowStartMs: w.Start, WindowMs: w.Length, Count: w.own})
-			o.sent = append(o.sent, sentCount{sh: sh, key: ks.key, window: w.Window, count: w.own})
 		}
 	}
 }
+
+// outgoing is a push being made for one peer: its requests, each
+// encoded, and the counts they carry, to note once acknowledged. Peers
+// sent the same counts share them.
+type outgoing struct {
+	reqs []*encodedPush
+	sent []sentCount
+}
+
+// encodedPush is one PushRequest, encoded: this region's name and weight,
+// then its counts. Encoded once, it is sent to any number of peers.
+type encodedPush struct {
+	header, counts []byte
+	n              int // counts carried
+}
+
+// encode makes the requests of a push of counts: one with none if there
+// are none, else as many as it takes of at most maxPushCounts each.
+func (e *Engine) encode(counts []*ratelimitdv1.RegionCount, sent []sentCount) outgoing {
+	header, _ := proto.Marshal(&ratelimitdv1.PushRequest{Region: e.opts.Region, Weight: e.opts.Weight})
+	out := outgoing{sent: sent}
+	for first := true; first || len(counts) > 0; first = false {
+		part := counts[:min(len(counts), maxPushCounts)]
+		counts = counts[len(part):]
+		// Encoded messages of one type concatenated decode as their merge:
+		// the header's fields, and the counts.
+		b, _ := proto.Marshal(&ratelimitdv1.PushRequest{Counts: part})
+		out.reqs = append(out.reqs, &encodedPush{header: header, counts: b, n: len(part)})
+	}
+	return out
+}
+
+// pushCodec sends an [encodedPush] as it is, and anything else as the
+// proto codec does, whose name it takes: the receiver decodes the push
+// as the PushRequest it is.
+type pushCodec struct{ proto encoding.CodecV2 }
+
+func (c pushCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if p, ok := v.(*encodedPush); ok {
+		out := mem.BufferSlice{mem.SliceBuffer(p.header)}
+		if len(p.counts) > 0 {
+			out = append(out, mem.SliceBuffer(p.counts))
+		}
+		return out, nil
+	}
+	return c.proto.Marshal(v)
+}
+
+func (c pushCodec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }
+func (c pushCodec) Name() string                                { return c.proto.Name() }
 
 // timeout bounds a call to the store or to a peer.
 func (e *Engine) timeout() time.Duration { return max(4*e.opts.Interval, time.Second) }
@@ -275,14 +355,15 @@ func (e *Engine) hear(region string, at time.Time, weight float64) {
 	if !ok {
 		return
 	}
-	e.pmu.Lock()
-	defer e.pmu.Unlock()
 	p := e.peers[i]
-	if at.After(p.heard) {
-		p.heard = at
+	for ns := at.UnixNano(); ; {
+		last := p.heard.Load()
+		if ns <= last || p.heard.CompareAndSwap(last, ns) {
+			break
+		}
 	}
 	if weight > 0 {
-		p.weight = weight
+		p.weight.Store(math.Float64bits(weight))
 	}
 }
 
@@ -301,25 +382,26 @@ func (e *Engine) merge(c *Count, now time.Time) {
 		ks = e.newKey(sh, c.Key)
 	}
 	ws := e.window(ks, c.Window, true)
-	if ws == nil || c.Count <= ws.remote[i] {
+	if ws == nil || c.Count <= ws.peers[i].remote {
 		return
 	}
-	if !ws.at[i].IsZero() {
-		if dt := now.Sub(ws.at[i]).Seconds(); dt > 0 {
-			ws.rate[i] = float64(c.Count-ws.remote[i]) / dt
+	pc := &ws.peers[i]
+	if pc.at != 0 {
+		if dt := float64(now.UnixNano()-pc.at) / 1e9; dt > 0 {
+			pc.rate = float64(c.Count-pc.remote) / dt
 		}
 	}
-	ws.remote[i], ws.at[i] = c.Count, now
+	pc.remote, pc.at = c.Count, now.UnixNano()
 }
 
 // sentCount is a count pushed to a peer, to note once acknowledged. A
 // push carries this region's counts that grew since the peer acknowledged
-// them, or every count on a full push (every FullEvery pushes, and once a
-// peer that failed answers again); a push with no count still tells the
-// peer this region is heard.
+// them, or every count on a full push (every FullEvery, and once a peer
+// that failed answers again); a push with no count still tells the peer
+// this region is heard.
 type sentCount struct {
 	sh     *shard
-	key    []byte
+	ks     *keyState // forgotten since, noting it is harmless
 	window Window
 	count  uint64
 }
@@ -329,14 +411,14 @@ type sentCount struct {
 // that comes back is used within a quarter interval, not a whole one.
 const pushRetries = 3
 
-// push sends reqs to peer i and, once all are acknowledged, notes sent as
-// the counts the peer holds. A push that fails is sent again up to
+// push sends o to peer i and, once all its requests are acknowledged,
+// notes the counts the peer holds. A push that fails is sent again up to
 // pushRetries times; a count the peer already held is merged again,
 // harmlessly.
-func (e *Engine) push(ctx context.Context, i int, reqs []*ratelimitdv1.PushRequest, sent []sentCount) {
+func (e *Engine) push(ctx context.Context, i int, o outgoing) {
 	p := e.peers[i]
 	for attempt := 0; ; attempt++ {
-		err := e.send(ctx, p, reqs)
+		err := e.send(ctx, p, o.reqs)
 		if err == nil {
 			break
 		}
@@ -357,10 +439,9 @@ func (e *Engine) push(ctx context.Context, i int, reqs []*ratelimitdv1.PushReque
 		e.opts.Logger.Info("region sync: a peer answers again", "peer", p.Name)
 	}
 	p.failed = false
-	p.lastPush = e.opts.Now()
-	// sent is in shard order (scan's): one lock per shard.
+	// sent is mostly in shard order (scan's): one lock per run of a shard.
 	var locked *shard
-	for _, s := range sent {
+	for _, s := range o.sent {
 		if s.sh != locked {
 			if locked != nil {
 				locked.mu.Unlock()
@@ -368,10 +449,8 @@ func (e *Engine) push(ctx context.Context, i int, reqs []*ratelimitdv1.PushReque
 			locked = s.sh
 			locked.mu.Lock()
 		}
-		if ks := s.sh.keys[string(s.key)]; ks != nil {
-			if ws := e.window(ks, s.window, false); ws != nil {
-				ws.acked[i] = max(ws.acked[i], s.count)
-			}
+		if ws := e.window(s.ks, s.window, false); ws != nil {
+			ws.peers[i].acked = max(ws.peers[i].acked, s.count)
 		}
 	}
 	if locked != nil {
@@ -379,15 +458,15 @@ func (e *Engine) push(ctx context.Context, i int, reqs []*ratelimitdv1.PushReque
 	}
 }
 
-// send sends the pushes reqs to p, and counts them.
-func (e *Engine) send(ctx context.Context, p *peer, reqs []*ratelimitdv1.PushRequest) error {
+// send sends the requests reqs to p, and counts them.
+func (e *Engine) send(ctx context.Context, p *peer, reqs []*encodedPush) error {
 	for _, req := range reqs {
 		cctx, cancel := context.WithTimeout(ctx, e.timeout())
-		_, err := p.client.Push(cctx, req)
+		err := p.conn.Invoke(cctx, ratelimitdv1.RegionSync_Push_FullMethodName, req, new(ratelimitdv1.PushResponse), e.codec)
 		cancel()
 		e.pushes.Add(1)
-		e.pushBytes.Add(uint64(proto.Size(req)))
-		e.pushCounts.Add(uint64(len(req.Counts)))
+		e.pushBytes.Add(uint64(len(req.header) + len(req.counts)))
+		e.pushCounts.Add(uint64(req.n))
 		if err != nil {
 			e.pushFailures.Add(1)
 			return err
@@ -398,8 +477,6 @@ func (e *Engine) send(ctx context.Context, p *peer, reqs []*ratelimitdv1.PushReq
 
 // notePartitions logs each peer that became cut off, or heard again.
 func (e *Engine) notePartitions(now time.Time) {
-	e.pmu.Lock()
-	defer e.pmu.Unlock()
 	for _, p := range e.peers {
 		cut := e.cutOff(p, now)
 		if cut == p.cut {
@@ -408,7 +485,7 @@ func (e *Engine) notePartitions(now time.Time) {
 		p.cut = cut
 		if cut {
 			e.opts.Logger.Warn("region sync: a peer is cut off; global limits count it as its share, or as its last count if more (on_partition: share), or are decided per region (exact-local)",
-				"peer", p.Name, "unheard_for", now.Sub(p.heard).Round(time.Millisecond), "partition_after", e.opts.PartitionAfter)
+				"peer", p.Name, "unheard_for", now.Sub(p.heardAt()).Round(time.Millisecond), "partition_after", e.opts.PartitionAfter)
 		} else {
 			e.opts.Logger.Info("region sync: a cut-off peer is heard again", "peer", p.Name)
 		}

@@ -31,8 +31,6 @@ func (e *Engine) GlobalState(key []byte, l algo.Limit, g algo.Global) (algo.Glob
 	sh := e.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e.pmu.RLock()
-	defer e.pmu.RUnlock()
 	ks := sh.keys[string(key)]
 	if ks == nil {
 		ks = &keyState{limit: l, global: g} // not kept: explaining changes nothing
@@ -47,12 +45,12 @@ func (e *Engine) GlobalState(key []byte, l algo.Limit, g algo.Global) (algo.Glob
 	limitKS.limit = l
 	st.Offset = e.offset(&limitKS, w, g, now)
 	for i, p := range e.peers {
-		rc := algo.RegionCount{Region: p.Name, Unheard: now.Sub(p.heard), CutOff: e.cutOff(p, now)}
-		if p.heard.IsZero() {
+		rc := algo.RegionCount{Region: p.Name, Unheard: now.Sub(p.heardAt()), CutOff: e.cutOff(p, now)}
+		if p.heardAt().IsZero() {
 			rc.Unheard = -1
 		}
 		if ws != nil {
-			rc.Count, rc.Rate = ws.remote[i], ws.rate[i]
+			rc.Count, rc.Rate = ws.peers[i].remote, ws.peers[i].rate
 		}
 		if rc.CutOff && g == algo.GlobalShare {
 			rc.Reserved = max(rc.Count, e.share(i, l.Requests))
@@ -101,16 +99,14 @@ func (e *Engine) Stats() Stats {
 		Pushes: e.pushes.Load(), PushFailures: e.pushFailures.Load(), PushBytes: e.pushBytes.Load(), PushCounts: e.pushCounts.Load(),
 		Received: e.received.Load(), ReceivedCounts: e.receivedCounts.Load(),
 	}
-	e.pmu.RLock()
 	for _, p := range e.peers {
 		st.Known[p.Name] = 0
-		ps := PeerStats{Name: p.Name, Addr: p.Addr, Unheard: now.Sub(p.heard), CutOff: e.cutOff(p, now), Weight: p.weight}
-		if p.heard.IsZero() {
+		ps := PeerStats{Name: p.Name, Addr: p.Addr, Unheard: now.Sub(p.heardAt()), CutOff: e.cutOff(p, now), Weight: p.weightOf()}
+		if p.heardAt().IsZero() {
 			ps.Unheard = -1
 		}
 		st.Peers = append(st.Peers, ps)
 	}
-	e.pmu.RUnlock()
 	ms := now.UnixMilli()
 	for si := range e.shards {
 		sh := &e.shards[si]
@@ -124,7 +120,7 @@ func (e *Engine) Stats() Stats {
 				}
 				st.Known[e.opts.Region] += w.own
 				for i, p := range e.peers {
-					st.Known[p.Name] += w.remote[i]
+					st.Known[p.Name] += w.peers[i].remote
 				}
 			}
 		}
