@@ -282,7 +282,7 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 	}
 	// Every group needs Redis: ratelimitd's backend, redis-benchmark's
 	// server, the round-trip floor.
-	redis, redisAddr, err := lt.startRedis(ctx)
+	redis, redisAddr, err := lt.startRedis(ctx, here)
 	if err != nil {
 		return nil, err
 	}

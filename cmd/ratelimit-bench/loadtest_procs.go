@@ -29,10 +29,31 @@ type child struct {
 
 func (ch *child) pid() int { return ch.cmd.Process.Pid }
 
+// placement says whether a process the load test starts stands for one on
+// this machine or for one that would run on machines of its own (a peer
+// region's servers).
+type placement bool
+
+const (
+	here placement = false
+	// elsewhere runs the process at the lowest CPU priority (nice 19), so
+	// that on a shared machine its work takes as little CPU as can be from
+	// the processes measured, as it would take none on machines of its
+	// own. Its CPU time is still reported.
+	elsewhere placement = true
+)
+
 // start starts bin with args, its output into a log file of the load
 // test's directory; the kernel kills it should the load test die without
 // stopping it.
-func (lt *loadtest) start(name, bin string, args []string, stderr io.Writer) (*child, error) {
+func (lt *loadtest) start(name, bin string, args []string, stderr io.Writer, where placement) (*child, error) {
+	if where == elsewhere {
+		nice, err := exec.LookPath("nice")
+		if err != nil {
+			return nil, fmt.Errorf("starting %s at low priority: %w", name, err)
+		}
+		bin, args = nice, append([]string{"-n", "19", bin}, args...)
+	}
 	logPath := filepath.Join(lt.dir, name+".log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -118,7 +139,7 @@ func (ch *child) tail() string {
 // startRedis starts redis-server on a free loopback port. A port found
 // free can be taken before redis-server binds it, so it tries three
 // times, and checks the server answering is its own (INFO's process_id).
-func (lt *loadtest) startRedis(ctx context.Context) (*child, string, error) {
+func (lt *loadtest) startRedis(ctx context.Context, where placement) (*child, string, error) {
 	var last error
 	for range 3 {
 		port, err := freePort()
@@ -134,7 +155,7 @@ func (lt *loadtest) startRedis(ctx context.Context) (*child, string, error) {
 		ch, err := lt.start(fmt.Sprintf("redis-%d", lt.redises-1), lt.cfg.RedisServer, []string{
 			"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
 			"--save", "", "--appendonly", "no", "--dir", rdir,
-		}, nil)
+		}, nil, where)
 		if err != nil {
 			return nil, "", err
 		}
@@ -193,12 +214,17 @@ func freePort() (int, error) {
 // startRatelimitd starts ratelimitd on ports of 127.0.0.1 it picks itself
 // and returns its gRPC address.
 func (lt *loadtest) startRatelimitd(ctx context.Context, name string, extra ...string) (*child, string, error) {
+	return lt.startRatelimitdAt(ctx, here, name, extra...)
+}
+
+// startRatelimitdAt is startRatelimitd, placed where says.
+func (lt *loadtest) startRatelimitdAt(ctx context.Context, where placement, name string, extra ...string) (*child, string, error) {
 	args := append([]string{
 		"-config", lt.cfg.Config,
 		"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
 		"-log-format", "json", "-watch-config=false", "-shutdown-timeout", "1s", "-shutdown-delay", "0s",
 	}, extra...)
-	return lt.startServer(ctx, name, lt.cfg.Ratelimitd, args)
+	return lt.startServer(ctx, name, lt.cfg.Ratelimitd, args, where)
 }
 
 // startFloor starts this program's floor-server on a port of 127.0.0.1 it
@@ -208,15 +234,15 @@ func (lt *loadtest) startFloor(ctx context.Context) (*child, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("finding ratelimit-bench itself for its floor-server: %w", err)
 	}
-	return lt.startServer(ctx, "floor-server", self, []string{"floor-server", "-addr", "127.0.0.1:0"})
+	return lt.startServer(ctx, "floor-server", self, []string{"floor-server", "-addr", "127.0.0.1:0"}, here)
 }
 
 // startServer starts the gRPC server bin with args and returns its
 // address, read from its JSON log line "serving gRPC".
-func (lt *loadtest) startServer(ctx context.Context, name, bin string, args []string) (*child, string, error) {
+func (lt *loadtest) startServer(ctx context.Context, name, bin string, args []string, where placement) (*child, string, error) {
 	lt.logf("starting %s", shellJoin(append([]string{bin}, args...)))
 	pr, pw := io.Pipe()
-	ch, err := lt.start(name, bin, args, pw)
+	ch, err := lt.start(name, bin, args, pw, where)
 	if err != nil {
 		pw.Close()
 		return nil, "", err

@@ -38,7 +38,7 @@ func TestRedisStartsAndStops(t *testing.T) {
 	}
 	defer lt.stopAll()
 	ctx := context.Background()
-	ch, addr, err := lt.startRedis(ctx)
+	ch, addr, err := lt.startRedis(ctx, here)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,22 +3,25 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
-	"github.com/Shopify/toxiproxy/v2"
-	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
-	"github.com/rs/zerolog"
 )
 
 // The regions group measures what other regions cost a region: ratelimitd
 // on Redis deciding a limit of scope: global (domain globalLimit) alone,
 // without -region, then as region eu with two peer regions, us and ap,
 // each a ratelimitd on a Redis of its own, over links of -region-latency
-// each way (toxiproxy, in this process). The rows differ only in eu's
+// each way (toxiproxy, in a wan-links process). The rows differ only in eu's
 // region engine and its sync: its peers serve no load, and run in both
-// rows. eu's metrics give the sync's bandwidth per active key.
+// rows. They and the links stand for servers in other datacenters and the
+// network between, so they run at the lowest CPU priority (nice 19): on
+// this one machine, what they spend receiving and carrying eu's pushes
+// would otherwise be taken from the region measured. Their CPU is
+// reported beside eu's sync bandwidth per active key, read from eu's
+// metrics.
 
 // globalLimit is the regions group's domain: the leased group's limit
 // (1,000,000 a minute, so that the load rarely meets it), with scope:
@@ -53,48 +56,42 @@ func addRegionsFlags(fs interface {
 
 // regionsGroup returns the regions group's rows: eu alone, then with its
 // peers, each at Workers callers then 1 caller, on the Redis at redisAddr,
-// in two rounds.
+// in regionRounds rounds.
 func (lt *loadtest) regionsGroup(ctx context.Context, redis *child, redisAddr string, rdb *goredis.Client) ([]scenario, error) {
 	c := lt.cfg
 	runs := func(label string) []generatorRun {
 		return []generatorRun{
 			{name: fmt.Sprintf("%s: %d callers, closed loop", label, c.Workers), domain: globalLimit, workers: c.Workers, conns: c.Conns, file: "regions-closed-%d"},
 			{name: label + ": 1 caller, closed loop", domain: globalLimit, workers: 1, conns: 1, file: "regions-closed-1"},
+			{name: fmt.Sprintf("%s: open loop at %s/s (%d workers)", label, num(c.Rate), c.Workers), domain: globalLimit, workers: c.Workers, conns: c.Conns, rate: c.Rate, file: "regions-open"},
 		}
 	}
+	nruns := len(runs(""))
 	// The peers, and the links, first: they run for both rows.
-	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	wan, err := lt.startWANLinks(elsewhere)
+	if err != nil {
+		return nil, err
+	}
+	defer wan.stop()
 	regions := []string{"eu", "us", "ap"}
-	links := map[[2]string]*toxiproxy.Proxy{}
-	defer func() {
-		for _, p := range links {
-			p.Stop()
-		}
-	}()
-	lat := c.Regions.Latency.Milliseconds()
+	links := map[[2]string]string{} // from, to: the address of the link
 	for _, from := range regions {
 		for _, to := range regions {
 			if from == to {
 				continue
 			}
-			p := toxiproxy.NewProxy(tp, from+"-"+to, "127.0.0.1:0", "127.0.0.1:1")
-			if err := p.Start(); err != nil {
+			addr, err := wan.link(from+"-"+to, c.Regions.Latency.Milliseconds())
+			if err != nil {
 				return nil, err
 			}
-			for _, dir := range []string{"upstream", "downstream"} {
-				toxic := fmt.Sprintf(`{"name": "wan-%s", "type": "latency", "stream": %q, "attributes": {"latency": %d}}`, dir, dir, lat)
-				if _, err := p.Toxics.AddToxicJson(strings.NewReader(toxic)); err != nil {
-					return nil, err
-				}
-			}
-			links[[2]string{from, to}] = p
+			links[[2]string{from, to}] = addr
 		}
 	}
 	peersOf := func(r string) string {
 		var peers []string
 		for _, to := range regions {
 			if to != r {
-				peers = append(peers, to+"="+links[[2]string{r, to}].Listen)
+				peers = append(peers, to+"="+links[[2]string{r, to}])
 			}
 		}
 		return strings.Join(peers, ",")
@@ -103,68 +100,113 @@ func (lt *loadtest) regionsGroup(ctx context.Context, redis *child, redisAddr st
 		return []string{"-backend", "redis", "-redis-url", url, "-region", r, "-region-peers", peersOf(r), "-region-sync-interval", c.Regions.Sync.String()}
 	}
 	addrs := map[string]string{}
+	var peers []proc // the peer regions' processes, whose CPU is reported
 	for _, r := range regions[1:] {
-		_, raddr, err := lt.startRedis(ctx)
+		rch, raddr, err := lt.startRedis(ctx, elsewhere)
 		if err != nil {
 			return nil, err
 		}
-		_, addr, err := lt.startRatelimitd(ctx, "ratelimitd-"+r, regionArgs(r, "redis://"+raddr)...)
+		ch, addr, err := lt.startRatelimitdAt(ctx, elsewhere, "ratelimitd-"+r, regionArgs(r, "redis://"+raddr)...)
 		if err != nil {
 			return nil, err
 		}
 		addrs[r] = addr
+		peers = append(peers, proc{"ratelimitd-" + r, ch.pid()}, proc{"redis-" + r, rch.pid()})
+	}
+	// eu's links lead to it once it listens; until then they lead nowhere.
+	route := func() error {
+		for k := range links {
+			if err := wan.route(k[0]+"-"+k[1], addrs[k[1]]); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 
-	// Both servers run throughout, on the same Redis (the limit never
-	// binds), and are loaded in turn, twice: A, B, A, B, so that neither
-	// row is always the one measured on a machine warmer or busier.
+	// The server without a region runs throughout; eu is started for its
+	// rows and stopped after them, so that its sync (the full pushes of
+	// the keys it decided) does not run during the other rows. The rows
+	// are measured in turn, A, B, A, B..., so that neither is always the
+	// one measured on a machine warmer or busier; both decide on the same
+	// Redis, where the limit never binds.
 	alone, aloneAddr, err := lt.startRatelimitd(ctx, "ratelimitd-alone", "-backend", "redis", "-redis-url", "redis://"+redisAddr)
 	if err != nil {
 		return nil, err
 	}
 	defer lt.stop(alone)
-	eu, euAddr, err := lt.startRatelimitd(ctx, "ratelimitd-eu", regionArgs("eu", "redis://"+redisAddr)...)
-	if err != nil {
-		return nil, err
-	}
-	defer lt.stop(eu)
-	addrs["eu"] = euAddr
-	for k, p := range links {
-		if err := p.Update(&toxiproxy.Proxy{Listen: p.Listen, Upstream: addrs[k[1]], Enabled: true}); err != nil {
-			return nil, err
-		}
-	}
-	httpAddr := httpAddrOf(eu)
-	before, at := regionMetrics(ctx, httpAddr), time.Now()
 	aloneLabel := "ratelimitd, Redis, scope: global, no region"
 	regionLabel := fmt.Sprintf("ratelimitd, Redis, scope: global, region eu with 2 peers at %v each way", c.Regions.Latency)
+	hz, _ := clockTicks()
 	var rows []scenario
-	for round := 1; round <= 2; round++ {
-		for _, r := range []struct {
-			label, addr string
-			pid         int
-		}{{aloneLabel, aloneAddr, alone.pid()}, {regionLabel, euAddr, eu.pid()}} {
-			got, err := lt.generateAll(ctx, runs(fmt.Sprintf("%s (round %d)", r.label, round)), r.addr, []proc{{"ratelimitd", r.pid}, {"redis", redis.pid()}}, rdb)
-			if err != nil {
-				return nil, err
-			}
-			rows = append(rows, got...)
+	ratios := make([][2][]float64, nruns) // by run: decisions/s and p99
+	for round := 1; round <= regionRounds; round++ {
+		got, err := lt.generateAll(ctx, runs(fmt.Sprintf("%s (round %d)", aloneLabel, round)), aloneAddr, []proc{{"ratelimitd", alone.pid()}, {"redis", redis.pid()}}, rdb)
+		if err != nil {
+			return nil, err
 		}
-	}
-	after, elapsed := regionMetrics(ctx, httpAddr), time.Since(at)
-	// rows: per round, alone (many, one caller) then eu (many, one).
-	for round := range 2 {
-		a, b := rows[4*round:4*round+2], rows[4*round+2:4*round+4]
-		for i := range b {
-			if a[i].DecisionsPerS > 0 && a[i].P99 > 0 {
-				b[i].Notes = append(b[i].Notes, fmt.Sprintf("%.2f× the decisions/s and %.2f× the p99 of the same load without a region, this round", b[i].DecisionsPerS/a[i].DecisionsPerS, b[i].P99/a[i].P99))
+		rows = append(rows, got...)
+
+		eu, euAddr, err := lt.startRatelimitd(ctx, fmt.Sprintf("ratelimitd-eu-%d", round), regionArgs("eu", "redis://"+redisAddr)...)
+		if err != nil {
+			return nil, err
+		}
+		addrs["eu"] = euAddr
+		if err := route(); err != nil {
+			lt.stop(eu)
+			return nil, err
+		}
+		httpAddr := httpAddrOf(eu)
+		before, at := regionMetrics(ctx, httpAddr), time.Now()
+		watched := append(slices.Clone(peers), proc{"links", wan.pid})
+		peersBefore, perr := sampleCPU(watched)
+		got, err = lt.generateAll(ctx, runs(fmt.Sprintf("%s (round %d)", regionLabel, round)), euAddr, []proc{{"ratelimitd", eu.pid()}, {"redis", redis.pid()}}, rdb)
+		after, elapsed := regionMetrics(ctx, httpAddr), time.Since(at)
+		peersAfter, perr2 := sampleCPU(watched)
+		lt.stop(eu)
+		if err != nil {
+			return nil, err
+		}
+		for i := range got {
+			a := rows[len(rows)-len(got)+i]
+			if a.DecisionsPerS > 0 && a.P99 > 0 {
+				dps, p99 := got[i].DecisionsPerS/a.DecisionsPerS, got[i].P99/a.P99
+				got[i].Notes = append(got[i].Notes, fmt.Sprintf("%.2f× the decisions/s and %.2f× the p99 of the same load without a region, this round", dps, p99))
+				ratios[i][0], ratios[i][1] = append(ratios[i][0], dps), append(ratios[i][1], p99)
 			}
 		}
+		note := syncNote(before, after, elapsed)
+		if perr == nil && perr2 == nil {
+			var ticks uint64
+			for i := range peers {
+				ticks += peersAfter[i] - peersBefore[i]
+			}
+			links := peersAfter[len(peers)] - peersBefore[len(peers)]
+			perS := func(t uint64) float64 { return float64(ticksToDuration(t, hz).Milliseconds()) / elapsed.Seconds() }
+			note += fmt.Sprintf("; the peers (their ratelimitd and Redis, at nice 19) used %.0f CPU-ms/s receiving it, the links (toxiproxy, at nice 19) %.0f", perS(ticks), perS(links))
+		}
+		got[0].Notes = append(got[0].Notes, note)
+		rows = append(rows, got...)
 	}
-	if note := syncNote(before, after, elapsed); note != "" {
-		rows[len(rows)-2].Notes = append(rows[len(rows)-2].Notes, note)
+	// The medians over the rounds: one round may meet a busier machine.
+	last := rows[len(rows)-nruns:]
+	for i := range last {
+		if len(ratios[i][0]) == regionRounds {
+			last[i].Notes = append(last[i].Notes, fmt.Sprintf("median over the %d rounds: %.2f× the decisions/s and %.2f× the p99 without a region", regionRounds, median(ratios[i][0]), median(ratios[i][1])))
+		}
 	}
 	return rows, nil
+}
+
+// regionRounds is how many times the regions group measures both rows.
+const regionRounds = 3
+
+// median returns the median of xs (not empty); xs is sorted.
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	if n := len(xs); n%2 == 0 {
+		return (xs[n/2-1] + xs[n/2]) / 2
+	}
+	return xs[len(xs)/2]
 }
 
 // regionFigures are eu's sync counters, from its /metrics.
@@ -198,6 +240,6 @@ func syncNote(before, after regionFigures, elapsed time.Duration) string {
 	}
 	s := elapsed.Seconds()
 	perPeer := (after.bytes - before.bytes) / s / 2
-	return fmt.Sprintf("sync over both runs: %s B/s to each peer (%s pushes/s, %s counts/s) for %s active keys: %.1f B/s per active key per peer",
+	return fmt.Sprintf("sync over both runs of this round: %s B/s to each peer (%s pushes/s, %s counts/s) for %s active keys: %.1f B/s per active key per peer",
 		num(perPeer), num((after.pushes-before.pushes)/s/2), num((after.counts-before.counts)/s/2), num(after.keys), perPeer/after.keys)
 }

@@ -10,6 +10,8 @@
 //	                                   standard scenarios, print one table
 //	ratelimit-bench floor-server       serve RLS with a constant answer: the
 //	                                   least a grpc-go server costs
+//	ratelimit-bench wan-links          slow links between regions, driven
+//	                                   by the load test over stdin
 //
 // N workers (-workers) share C gRPC connections (-conns) and send
 // ShouldRateLimit calls for -duration or -count, each for one of -keys
@@ -58,6 +60,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "floor-server" {
 		return floorMain(ctx, args[1:], stderr)
+	}
+	if len(args) > 0 && args[0] == "wan-links" {
+		return wanLinksMain(ctx, args[1:], os.Stdin, stdout, stderr)
 	}
 	c, asJSON, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
