@@ -57,8 +57,16 @@ type world struct {
 	ctx     context.Context
 }
 
-// newWorld starts regions, named and weighted as weights says (nil: 1).
+// newWorld starts regions, named and weighted as weights says (nil: 1),
+// syncing every 100 ms.
 func newWorld(t *testing.T, names []string, weights map[string]float64) *world {
+	t.Helper()
+	return newWorldEvery(t, names, weights, 100*time.Millisecond)
+}
+
+// newWorldEvery is newWorld with a sync interval of its own: a push that
+// fails is retried a quarter interval later, in real time.
+func newWorldEvery(t *testing.T, names []string, weights map[string]float64, interval time.Duration) *world {
 	t.Helper()
 	w := &world{clk: &clock{t: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}, engines: map[string]*Engine{}, links: map[[2]string]*link{}, ctx: context.Background()}
 	listeners := map[string]*bufconn.Listener{}
@@ -76,7 +84,7 @@ func newWorld(t *testing.T, names []string, weights map[string]float64) *world {
 			}
 		}
 		e, err := New(mem, Options{
-			Region: n, Weight: weights[n], Peers: peers, Interval: 100 * time.Millisecond,
+			Region: n, Weight: weights[n], Peers: peers, Interval: interval,
 			Store: NewMemoryStore(w.clk.Now), Now: w.clk.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Dial: func(addr string) (grpc.ClientConnInterface, error) {
 				l := listeners[addr]
