@@ -162,6 +162,7 @@ var (
 	regionKeysDesc     = regionDesc("keys", "Keys of limits with scope: global this replica knows in their current or previous window.")
 	regionKnownDesc    = regionDesc("known_count", "Per region, the sum over those keys of its count in their current window, as this replica knows it: its view of the global count.", "region")
 	regionUnheardDesc  = regionDesc("peer_unheard_seconds", "Per peer region, the time since any replica of this region last heard from it: the lag of what this region knows of its counts (-1: never heard).", "peer")
+	regionPushTookDesc = regionDesc("peer_push_seconds", "Per peer region, how long this replica's last push to it took until acknowledged: the sync delay is at most -region-sync-interval, two such pushes and a quarter interval.", "peer")
 	regionCutOffDesc   = regionDesc("peer_cut_off", "1 while the peer region counts as cut off (unheard for 10 sync intervals, at least 1 s), 0 otherwise.", "peer")
 	regionPushesDesc   = regionDesc("pushes_total", "Pushes of this region's counts sent to peers, by result.", "result")
 	regionBytesDesc    = regionDesc("push_bytes_total", "Bytes (protobuf) of the pushes sent to peers.")
@@ -176,7 +177,7 @@ func registerRegion(reg prometheus.Registerer, e *region.Engine) {
 }
 
 func (regionMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{regionKeysDesc, regionKnownDesc, regionUnheardDesc, regionCutOffDesc, regionPushesDesc, regionBytesDesc, regionCountsDesc, regionReceivedDesc} {
+	for _, d := range []*prometheus.Desc{regionKeysDesc, regionKnownDesc, regionUnheardDesc, regionPushTookDesc, regionCutOffDesc, regionPushesDesc, regionBytesDesc, regionCountsDesc, regionReceivedDesc} {
 		ch <- d
 	}
 }
@@ -189,6 +190,7 @@ func (m regionMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, p := range st.Peers {
 		ch <- prometheus.MustNewConstMetric(regionUnheardDesc, prometheus.GaugeValue, p.Unheard.Seconds(), p.Name)
+		ch <- prometheus.MustNewConstMetric(regionPushTookDesc, prometheus.GaugeValue, p.PushTook.Seconds(), p.Name)
 		cut := 0.0
 		if p.CutOff {
 			cut = 1

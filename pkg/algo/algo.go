@@ -275,7 +275,7 @@ type GlobalState struct {
 	Offset uint64
 	// Unseen estimates the hits the peers admitted that this region has
 	// not heard of yet: each peer's rate, as its counts grew, times how
-	// long it has gone unheard plus one sync interval.
+	// long it has gone unheard, plus one sync interval and one push's way.
 	Unseen float64
 }
 

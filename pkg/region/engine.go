@@ -125,6 +125,9 @@ type peer struct {
 	// heard.
 	heard  atomic.Int64  // when last heard, by this replica or another of the region (Unix ns; 0: never)
 	weight atomic.Uint64 // the weight it announced (float64 bits); 1 until heard
+	// took is how long the last push it acknowledged took, from sending
+	// to its answer (ns; 0: none yet): a term of the sync delay.
+	took atomic.Int64
 	// Owned by the sync loop:
 	cut      bool      // counted as cut off at the last check (for logs)
 	failed   bool      // the last push failed: the next is an empty probe, then every count

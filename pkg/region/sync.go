@@ -418,8 +418,10 @@ const pushRetries = 3
 func (e *Engine) push(ctx context.Context, i int, o outgoing) {
 	p := e.peers[i]
 	for attempt := 0; ; attempt++ {
+		start := time.Now()
 		err := e.send(ctx, p, o.reqs)
 		if err == nil {
+			p.took.Store(int64(time.Since(start)))
 			break
 		}
 		if attempt == pushRetries || ctx.Err() != nil {

@@ -56,7 +56,10 @@ func (e *Engine) GlobalState(key []byte, l algo.Limit, g algo.Global) (algo.Glob
 			rc.Reserved = max(rc.Count, e.share(i, l.Requests))
 		}
 		if rc.Unheard >= 0 {
-			st.Unseen += rc.Rate * (rc.Unheard + e.opts.Interval).Seconds()
+			// What the peer counted since the push last heard was made: up
+			// to an interval before it was sent, the push's way here
+			// (about what this replica's pushes to it take), and since.
+			st.Unseen += rc.Rate * (rc.Unheard + e.opts.Interval + time.Duration(p.took.Load())).Seconds()
 		}
 		st.Counts = append(st.Counts, rc)
 	}
@@ -89,6 +92,11 @@ type PeerStats struct {
 	Unheard time.Duration
 	CutOff  bool
 	Weight  float64
+	// PushTook is how long this replica's last push to the peer took
+	// until acknowledged (zero: none yet). The sync delay is at most an
+	// interval, two such pushes and a quarter interval
+	// (docs/multi-region.md#the-sync-delay).
+	PushTook time.Duration
 }
 
 // Stats returns a snapshot of the engine.
@@ -101,7 +109,7 @@ func (e *Engine) Stats() Stats {
 	}
 	for _, p := range e.peers {
 		st.Known[p.Name] = 0
-		ps := PeerStats{Name: p.Name, Addr: p.Addr, Unheard: now.Sub(p.heardAt()), CutOff: e.cutOff(p, now), Weight: p.weightOf()}
+		ps := PeerStats{Name: p.Name, Addr: p.Addr, Unheard: now.Sub(p.heardAt()), CutOff: e.cutOff(p, now), Weight: p.weightOf(), PushTook: time.Duration(p.took.Load())}
 		if p.heardAt().IsZero() {
 			ps.Unheard = -1
 		}

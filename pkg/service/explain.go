@@ -224,9 +224,9 @@ type ExplainGlobal struct {
 	// limit: their counts, or what is reserved for a peer cut off.
 	Offset uint64 `json:"offset"`
 	// Unseen estimates the hits the peers admitted that this region has
-	// not heard yet (each peer's rate times how long it has been unheard
-	// plus one sync interval): how far the global count may now be over
-	// what is known.
+	// not heard yet (each peer's rate times how long it has been unheard,
+	// plus one sync interval and one push's way): how far the global
+	// count may now be over what is known.
 	Unseen float64 `json:"unseen"`
 }
 
