@@ -38,13 +38,14 @@ var allowedDeps = map[string][]string{
 	"pkg/metrics/refstats":  {"pkg/config", "pkg/metrics", "pkg/service"},
 	"pkg/tlsconfig":         {},
 	"pkg/client":            {"proto/ratelimitd/v1"},
+	"pkg/topk":              {},
 	"cmd/ratelimitd":        {"*"},
 	"cmd/ratelimit-bench":   {"*"},
 }
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig"}
+var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}
