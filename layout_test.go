@@ -39,6 +39,7 @@ var allowedDeps = map[string][]string{
 	"pkg/tlsconfig":         {},
 	"pkg/client":            {"proto/ratelimitd/v1"},
 	"pkg/topk":              {},
+	"pkg/console":           {"pkg/config", "pkg/service", "pkg/topk", "proto/ratelimitd/v1"}, // an observer of the service, and the page that shows it
 	"cmd/ratelimitd":        {"*"},
 	"cmd/ratelimit-bench":   {"*"},
 }

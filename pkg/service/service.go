@@ -204,6 +204,15 @@ func (s *Service) RegisterGRPC(gs *grpc.Server) {
 	reflection.Register(gs)
 }
 
+// API returns ratelimitd.v1.RateLimiter as RegisterGRPC serves it, for
+// callers in the same process (the ops console peeks and resets through
+// it): the same checks, answers and errors as over gRPC.
+func (s *Service) API() ratelimitdv1.RateLimiterServer { return ownAPI{s: s} }
+
+// ResetEnabled reports whether Reset may clear counters
+// (Options.EnableReset).
+func (s *Service) ResetEnabled() bool { return s.enableReset }
+
 // UnaryInterceptor recovers panics in unary handlers; see [RecoverUnary].
 func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return RecoverUnary(s.log, &s.panics)
