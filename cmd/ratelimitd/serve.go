@@ -182,25 +182,35 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	defer ref.close()
 	ref.configLoaded(true)
 	mode, _ := config.ParseFailureMode(c.failureMode) // validated
+	// The rules in force were loaded now, or at the watcher's last reload.
+	loadedAt, loaded := time.Now(), func() time.Time { return time.Time{} }
+	rulesLoaded := func() time.Time {
+		if t := loaded(); t.After(loadedAt) {
+			return t
+		}
+		return loadedAt
+	}
+	// The ops console (-ui) observes decisions beside the metrics.
+	cons, err := newConsole(c, be, fromXDS, rulesLoaded, log)
+	if err != nil {
+		return err
+	}
+	observers := []service.Observer{mets, ref.observer()}
+	if cons != nil {
+		observers = append(observers, cons)
+	}
 	svc, err := service.New(be.main, rules, service.Options{
 		Logger: log, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
-		Observer: service.Tee(mets, ref.observer()), EnableReset: c.enableReset, Leases: be.leases, Global: be.global,
+		Observer: service.Tee(observers...), EnableReset: c.enableReset, Leases: be.leases, Global: be.global,
 		ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
 		ReferenceKeys: c.referenceKeys(),
 	})
 	if err != nil {
 		return err
 	}
-	// The rules in force were loaded now, or at the watcher's last reload.
-	loadedAt, loaded := time.Now(), func() time.Time { return time.Time{} }
-	registerService(reg, svc, func() time.Time {
-		if t := loaded(); t.After(loadedAt) {
-			return t
-		}
-		return loadedAt
-	})
+	registerService(reg, svc, rulesLoaded)
 	reg.MustRegister(sourceInfo{fromXDS})
 	// The RLQS server exists before rules can be reloaded, so that every
 	// reload pushes what it changed to its streams; it is registered on the
@@ -308,7 +318,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		quota.Register(gs)
 		log.Info("serving Envoy's Rate Limit Quota Service (RLQS) on the gRPC port; each limit's budget is held in the backend, shared by every replica on it (docs/rlqs.md)", "backend", c.backend)
 	}
-	app := svc.WrapHTTP(withMetrics(withRLQSExplain(withRulesSource(svc.HTTPHandler(), c, fromXDS), quota), reg))
+	app := svc.WrapHTTP(withConsole(withMetrics(withRLQSExplain(withRulesSource(svc.HTTPHandler(), c, fromXDS), quota), reg), cons, svc))
 	hs := newHTTPServer(app, log)
 	hs.TLSConfig = httpTLS
 	servers := []*http.Server{hs}
@@ -427,6 +437,15 @@ type backends struct {
 	quota algo.Backend
 	now   func() time.Time
 	close func()
+
+	// What the ops console describes, nil when absent: the Redis
+	// backend, its breaker and lease engine, the memory backend (the
+	// main one, not a fallback) and the local over-limit cache.
+	redis       *redis.Backend
+	guard       *breaker.Breaker
+	leaseEngine *lease.Engine
+	memory      *memory.Backend
+	cache       *overlimit.Cache
 }
 
 // setRegion records the region engine e (nil: none).
@@ -518,6 +537,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		}
 		registerLease(reg, leases)
 		be.main, be.fallback, be.leases, be.quota = leases, fallback, leases, leases
+		be.redis, be.guard, be.leaseEngine = b, guard, leases
 		be.close = func() {
 			// Budget still leased goes back before the connections close.
 			ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
@@ -542,6 +562,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		}
 		be.setRegion(eng)
 		be.main, be.quota, be.close = main, b, func() { b.Close() }
+		be.memory = b
 	}
 	if c.localCacheKeys > 0 {
 		cache, err := overlimit.New(be.main, overlimit.Options{MaxKeys: c.localCacheKeys, Now: be.now})
@@ -551,7 +572,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		}
 		log.Info("local over-limit cache on", "max_keys", c.localCacheKeys)
 		registerCache(reg, cache)
-		be.main = cache
+		be.main, be.cache = cache, cache
 	}
 	return be, nil
 }

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
+	"github.com/ratelimitd/ratelimitd/pkg/console"
+)
+
+// consoleState reads GET /ui/api/state from the HTTP address addr.
+func consoleState(t *testing.T, addr string) console.State {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/ui/api/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /ui/api/state: %s", resp.Status)
+	}
+	var st console.State
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestConsoleOffByDefault: without -ui, /ui is not served; RATELIMITD_UI
+// turns it on, as every flag's variable does.
+func TestConsoleOffByDefault(t *testing.T) {
+	off := startServe(t, true, "-config", "../../examples")
+	resp, err := http.Get("http://" + off.httpAddr + "/ui/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("GET /ui/ without -ui: %s, want 404", resp.Status)
+	}
+
+	on := startServeEnv(t, env{"RATELIMITD_UI": "true"}, true, "-config", "../../examples")
+	st := consoleState(t, on.httpAddr)
+	if st.Backend.Kind != "memory" || st.Backend.Memory == nil || st.Backend.Circuit != nil || st.ResetEnabled {
+		t.Errorf("the memory backend described as %+v (reset %t)", st.Backend, st.ResetEnabled)
+	}
+	if st.Rules.Source.Kind != "file" || st.Rules.Source.Path != "../../examples" || st.Rules.Count == 0 || st.Rules.Source.LoadedAt.IsZero() {
+		t.Errorf("rules described as %+v", st.Rules)
+	}
+}
+
+// TestConsoleDescribesRedis: on Redis, the console names the topology
+// (without the password), the circuit, the lease engine and the calls
+// observed; reset follows -enable-reset.
+func TestConsoleDescribesRedis(t *testing.T) {
+	r := redistest.Start(t)
+	p := startServe(t, true, "-config", "../../examples", "-backend", "redis", "-redis-url", r.URL, "-ui", "-enable-reset")
+	body := `{"domain":"posts","descriptors":[{"entries":[{"key":"user_id","value":"alice"}]}]}`
+	resp, err := http.Post("http://"+p.httpAddr+"/json", "application/json", bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST /json: %s", resp.Status)
+	}
+
+	st := consoleState(t, p.httpAddr)
+	b := st.Backend
+	if b.Kind != "redis" || b.Redis == nil || b.Redis.Mode != "standalone" || b.Redis.Prefix != "ratelimitd:" || b.Redis.KeyFormat != "native" {
+		t.Fatalf("redis described as %+v %+v", b, b.Redis)
+	}
+	if b.Redis.URL != redis.RedactURL(r.URL) {
+		t.Errorf("the console shows the Redis URL as %s, want it redacted: %s", b.Redis.URL, redis.RedactURL(r.URL))
+	}
+	if b.Circuit == nil || b.Circuit.State != "closed" || b.Leases == nil || b.Memory != nil {
+		t.Errorf("circuit %+v, leases %+v, memory %+v", b.Circuit, b.Leases, b.Memory)
+	}
+	if b.Calls.Total == 0 || b.Calls.Errors != 0 || b.Calls.P99Ms == 0 {
+		t.Errorf("backend calls observed: %+v", b.Calls)
+	}
+	if !st.ResetEnabled {
+		t.Error("reset shown as off with -enable-reset")
+	}
+}
