@@ -92,7 +92,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
 	fs.BoolVar(&c.shadowMode, "shadow-mode", false, "answer every request of Envoy's API OK overall, while each descriptor is still decided, counted and reported (envoyproxy/ratelimit's SHADOW_MODE): to try rules in production")
 	fs.BoolVar(&c.quotaMode, "quota-mode", false, "decide every rule as one with quota_mode: true (envoyproxy/ratelimit's QUOTA_MODE)")
-	fs.BoolVar(&c.enableReset, "enable-reset", false, "let ratelimitd.v1.RateLimiter/Reset clear a descriptor's counters (an operator's tool; anyone who can reach the gRPC port can call it)")
+	fs.BoolVar(&c.enableReset, "enable-reset", false, "let ratelimitd.v1.RateLimiter/Reset clear a descriptor's counters, and with -ui the ops console's reset button (an operator's tool; anyone who can reach the gRPC port, or the console, can call it)")
 	fs.BoolVar(&c.ui, "ui", false, "serve the ops console at /ui on the HTTP listener: rules, live decisions, top limited keys (descriptor values of every caller), backend state, explain (docs/console.md); put the listener behind TLS and auth first")
 	fs.BoolVar(&c.tracing, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
 	fs.BoolVar(&c.watchConfig, "watch-config", true, "reload the rules when the files under -config change (a bad set is rejected whole; the last good rules keep serving)")
