@@ -78,7 +78,7 @@ func BenchmarkBudgetReports(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				for i := range next {
-					if _, err := s.handle(ss[i], reps[i]); err != nil {
+					if err := s.handle(ss[i], reps[i], func(*rlqsv3.RateLimitQuotaResponse) {}); err != nil {
 						b.Error(err)
 					}
 				}

@@ -164,8 +164,13 @@ func (l *poolLease) gives(now time.Time, batch *[]algo.Request) {
 // all renew at once). See docs/rlqs.md, across replicas.
 const (
 	renewAhead     = 2
-	renewAheadLong = 7
+	renewAheadLong = 9
 	renewJitter    = 4
+	// renewEarly is how many intervals before its lease stops backing
+	// assignments a plentiful pool renews it, in the background of a
+	// report that the lease still backs: the next report, an interval
+	// later or a little more, finds the new lease in place.
+	renewEarly = 2
 )
 
 // scarce reports whether free units of a pool limit of limit are too few

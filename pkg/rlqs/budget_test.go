@@ -1,10 +1,14 @@
 package rlqs_test
 
 import (
+	"context"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
@@ -175,4 +179,85 @@ func TestBudgetNeverOversubscribed(t *testing.T) {
 		t.Fatalf("seed %d: admitted %d in %d s, over the bound %d", seed, total, rounds, bound)
 	}
 	t.Logf("admitted %d in %d s (limit %d/s), %d Envoys started", total, rounds, limit, starts)
+}
+
+// gate is a budget store whose calls, while it is shut, wait until it
+// opens (or their deadline).
+type gate struct {
+	algo.Backend
+	mu     sync.Mutex
+	open   chan struct{} // nil: not shut
+	inside atomic.Int32  // calls waiting now
+}
+
+func (g *gate) Decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	if open != nil {
+		g.inside.Add(1)
+		defer g.inside.Add(-1)
+		select {
+		case <-open:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return g.Backend.Decide(ctx, reqs, out)
+}
+
+func (g *gate) shut() {
+	g.mu.Lock()
+	g.open = make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *gate) reopen() {
+	g.mu.Lock()
+	close(g.open)
+	g.open = nil
+	g.mu.Unlock()
+}
+
+// TestPlentifulRenewalBehindTheAnswer: where the budget is plentiful, a
+// pool renews its lease ahead of time, behind the answer to a report that
+// the old lease still backs: once a pool has its first lease, a report
+// never waits for the store. The store is shut after the first lease;
+// every later report is answered, and the one whose pool renews is
+// answered while the renewal still waits for the store.
+func TestPlentifulRenewalBehindTheAnswer(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	mem := memory.New(memory.Options{Now: clk.Now})
+	t.Cleanup(func() { mem.Close() })
+	g := &gate{Backend: mem}
+	f := startOn(t, rlqs.Options{Budget: g, BudgetTimeout: time.Minute}, clk)
+	st := f.rawStream(t)
+	report := func() {
+		t.Helper()
+		resp, err := exchange(t, st, "quota", usage(10, 0, "name", "acme", "route", "/pay"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy(); a.GetRequestsPerTimeUnit().GetRequestsPerTimeUnit() == 0 {
+			t.Fatalf("assigned %s, want a share of 100/s", describe(a))
+		}
+	}
+	report() // the pool's first lease: this answer waits for it
+	g.shut()
+	for i := range 12 {
+		clk.Advance(time.Second)
+		report() // a report that waited for the shut store would never be answered
+		deadline := time.Now().Add(200 * time.Millisecond)
+		for g.inside.Load() == 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if g.inside.Load() > 0 {
+			t.Logf("report %d, %d s after the first lease, was answered while its pool's renewal waits for the store", i+2, i+1)
+			g.reopen()
+			clk.Advance(time.Second)
+			report()
+			return
+		}
+	}
+	t.Fatal("no renewal within 12 reports of a lease that lasts at most 9.5")
 }

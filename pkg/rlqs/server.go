@@ -304,14 +304,17 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 			return err
 		case rep := <-reports:
 			s.counts.reports.Add(1)
-			resp, err := s.handle(ss, rep)
+			var sendErr error
+			err := s.handle(ss, rep, func(resp *rlqsv3.RateLimitQuotaResponse) {
+				s.sent(resp) // before Send, so the counts include what a client has
+				sendErr = st.Send(resp)
+			})
 			if err != nil {
 				s.opts.Logger.Warn("rlqs report rejected", "stream", ss.id, "domain", ss.domain, "error", err)
 				return s.failed(err)
 			}
-			s.sent(resp) // before Send, so the counts include what a client has
-			if err := st.Send(resp); err != nil {
-				return err
+			if sendErr != nil {
+				return sendErr
 			}
 		case <-ss.wake:
 			if resp, reloaded := s.reassess(ss); resp != nil {
@@ -459,20 +462,26 @@ func (s *Server) Close() {
 }
 
 // handle validates one report whole, then decides each of its buckets.
-func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, error) {
+// handle decides report rep of stream ss and gives answer the response,
+// once; it returns an error, having answered nothing, for a report it
+// refuses. When the budget calls the report makes all run in the
+// background of its assignments (renewals of leases that still back
+// them, reads of the budget), the response is given before the store
+// answers them; otherwise once it has.
+func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answer func(*rlqsv3.RateLimitQuotaResponse)) error {
 	switch d := rep.GetDomain(); {
 	case ss.domain == "" && d == "":
-		return nil, status.Error(codes.InvalidArgument, "the first report of a stream must name its domain")
+		return status.Error(codes.InvalidArgument, "the first report of a stream must name its domain")
 	case ss.domain == "" && len(d) > maxDomainLen:
-		return nil, status.Errorf(codes.InvalidArgument, "domain of %d bytes: at most %d are accepted", len(d), maxDomainLen)
+		return status.Errorf(codes.InvalidArgument, "domain of %d bytes: at most %d are accepted", len(d), maxDomainLen)
 	case ss.domain == "":
 		ss.domain = d
 	case d != "" && d != ss.domain:
-		return nil, status.Errorf(codes.InvalidArgument, "report for domain %q on a stream of domain %q: a stream keeps the domain of its first report; open another stream", d, ss.domain)
+		return status.Errorf(codes.InvalidArgument, "report for domain %q on a stream of domain %q: a stream keeps the domain of its first report; open another stream", d, ss.domain)
 	}
 	usages := rep.GetBucketQuotaUsages()
 	if len(usages) > s.opts.MaxBuckets {
-		return nil, status.Errorf(codes.InvalidArgument, "report of %d buckets: at most %d are accepted", len(usages), s.opts.MaxBuckets)
+		return status.Errorf(codes.InvalidArgument, "report of %d buckets: at most %d are accepted", len(usages), s.opts.MaxBuckets)
 	}
 	descs := make([]bucketDescriptor, len(usages))
 	keys := make([]string, len(usages))
@@ -491,15 +500,15 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		if descs[i] == nil {
 			d, err := newBucketDescriptor(id)
 			if err != nil {
-				return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: %v", i, err)
+				return status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: %v", i, err)
 			}
 			descs[i], keys[i] = d, d.key()
 		}
 		if te := u.GetTimeElapsed(); te != nil && (te.CheckValid() != nil || te.AsDuration() < 0) {
-			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: time_elapsed %v is not a duration of 0 or more", i, te)
+			return status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: time_elapsed %v is not a duration of 0 or more", i, te)
 		}
 		if j, dup := index[keys[i]]; dup {
-			return nil, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: bucket_id %v repeats bucket_quota_usages[%d]; report each bucket once", i, descs[i], j)
+			return status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: bucket_id %v repeats bucket_quota_usages[%d]; report each bucket once", i, descs[i], j)
 		}
 		index[keys[i]] = i
 	}
@@ -514,8 +523,17 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		// the next, each with its batch in memory: a few at a time do the
 		// same work with less scheduling and garbage.
 		s.busy <- struct{}{}
-		defer func() { <-s.busy }()
 	}
+	// The response is given without holding a place: a client slow to
+	// read it must not keep the other reports waiting.
+	held := s.opts.Budget != nil
+	release := func() {
+		if held {
+			<-s.busy
+			held = false
+		}
+	}
+	defer release()
 	now := s.opts.Now()
 	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(usages))}
 
@@ -528,7 +546,7 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 	}
 	if len(ss.buckets)+added > s.opts.MaxStreamBuckets {
 		s.mu.Unlock()
-		return nil, status.Errorf(codes.ResourceExhausted, "the stream would hold %d buckets: at most %d are accepted per stream", len(ss.buckets)+added, s.opts.MaxStreamBuckets)
+		return status.Errorf(codes.ResourceExhausted, "the stream would hold %d buckets: at most %d are accepted per stream", len(ss.buckets)+added, s.opts.MaxStreamBuckets)
 	}
 	var batch []algo.Request // with a Budget: gives, then takes and announcements
 	var calls []call
@@ -585,10 +603,31 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports) (*rl
 		}
 	}
 	s.mu.Unlock()
-	if len(batch) > 0 {
-		s.settle(batch, calls)
+	if len(batch) == 0 || waits(calls) {
+		if len(batch) > 0 {
+			s.settle(batch, calls)
+		}
+		release()
+		answer(resp)
+		return nil
 	}
-	return resp, nil
+	release()
+	answer(resp)
+	s.busy <- struct{}{}
+	held = true
+	s.settle(batch, calls)
+	return nil
+}
+
+// waits reports whether an assignment waits for calls: a renewal whose
+// member is assigned out of the lease it takes.
+func waits(calls []call) bool {
+	for i := range calls {
+		if !calls[i].read && calls[i].m != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // maxBusy is how many reports decide with a Budget at once: enough to
@@ -787,10 +826,16 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		// The lease backs an assignment out of what it holds for longer
 		// than its TTL: no take. Where the budget is contended, the pool
 		// reads it and the announcements once an interval, to see what
-		// the other replicas freed or need.
+		// the other replicas freed or need. Where it is plentiful and the
+		// lease will not back the next report's assignment, it is renewed
+		// now, behind this answer, which it still backs: reports then
+		// wait for the store only for a pool's first lease, or one lost.
 		a := p.assign(m, l.held(), math.MaxUint64, until)
-		if contended && !now.Before(l.next) {
+		switch {
+		case contended && !now.Before(l.next):
 			p.read(m, now, b.interval, batch, calls)
+		case !contended && !l.backs(p.limit, now.Add(renewEarly*b.interval)):
+			p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}, false, now, batch, calls)
 		}
 		return m.strategy(a, p.unit)
 	}
