@@ -431,8 +431,8 @@ type backends struct {
 	// without -region. global is the same, nil without it.
 	region *region.Engine
 	global algo.GlobalReader
-	// quota holds RLQS budgets across replicas: the store itself (behind
-	// the lease engine and the breaker), without the over-limit cache,
+	// quota holds RLQS budgets across replicas: the store itself (on
+	// Redis, behind a breaker of its own), without the over-limit cache,
 	// which must not answer takes and gives from memory.
 	quota algo.Backend
 	now   func() time.Time
@@ -536,7 +536,22 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 			return nil, err
 		}
 		registerLease(reg, leases)
-		be.main, be.fallback, be.leases, be.quota = leases, fallback, leases, leases
+		// RLQS budgets go to Redis through a breaker of their own, with
+		// -rlqs-budget-timeout as its deadline: a budget call is off
+		// Envoy's request path and may carry a whole report's buckets, so
+		// one slower than an RLS decision's deadline neither fails nor
+		// opens the circuit that RLS decisions go through.
+		quota := breaker.New(b, breaker.Options{
+			Timeout: c.rlqs.budgetTimeout, Failures: c.breaker.Failures, Cooldown: c.breaker.Cooldown, Now: be.now,
+			OnStateChange: func(from, to breaker.State, err error) {
+				if to == breaker.Open {
+					log.Warn("rlqs budget circuit open: budget calls fail at once until a probe succeeds; reports are answered with this replica's share alone", "from", from.String(), "error", err, "cooldown", c.breaker.Cooldown)
+				} else {
+					log.Info("rlqs budget circuit "+to.String(), "from", from.String())
+				}
+			},
+		})
+		be.main, be.fallback, be.leases, be.quota = leases, fallback, leases, quota
 		be.redis, be.guard, be.leaseEngine = b, guard, leases
 		be.close = func() {
 			// Budget still leased goes back before the connections close.
