@@ -117,8 +117,11 @@ type Server struct {
 	counts  counts
 	closing chan struct{}
 	closed  sync.Once
-	// busy bounds the reports deciding with a Budget at once (see handle).
-	busy chan struct{}
+	// busy bounds the reports deciding with a Budget at once (see
+	// handle); behind, the budget calls made behind answers already given,
+	// which wait on the store, not on this process, and must not hold up
+	// the reports.
+	busy, behind chan struct{}
 	// scratch pools the space of budget calls (*settleScratch).
 	scratch sync.Pool
 }
@@ -176,6 +179,7 @@ func New(opts Options) (*Server, error) {
 		open:    make(map[uint64]*stream),
 		closing: make(chan struct{}),
 		busy:    make(chan struct{}, maxBusy()),
+		behind:  make(chan struct{}, maxBusy()),
 	}
 	s.counts.errors = make(map[codes.Code]uint64)
 	s.counts.usage = make(map[ruleRef]*ruleUsage)
@@ -613,8 +617,8 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 	}
 	release()
 	answer(resp)
-	s.busy <- struct{}{}
-	held = true
+	s.behind <- struct{}{}
+	defer func() { <-s.behind }()
 	s.settle(batch, calls)
 	return nil
 }
