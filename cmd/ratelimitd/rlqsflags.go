@@ -34,7 +34,7 @@ func addRLQSFlags(fs *flag.FlagSet, c *rlqsConfig) {
 	fs.Float64Var(&c.headroom, "rlqs-headroom", rlqs.DefaultHeadroom, "RLQS: a stream is assigned at most this many times its demand (at least its floor), so that unused budget stays free for the others; +Inf assigns the whole share")
 	fs.IntVar(&c.maxBuckets, "rlqs-max-buckets", rlqs.DefaultMaxBuckets, "RLQS: most buckets one usage report may hold (InvalidArgument above)")
 	fs.IntVar(&c.maxStreamBuckets, "rlqs-max-stream-buckets", rlqs.DefaultMaxStreamBuckets, "RLQS: most buckets one stream may hold at once (ResourceExhausted above)")
-	fs.DurationVar(&c.budgetTimeout, "rlqs-budget-timeout", rlqs.DefaultBudgetTimeout, "RLQS: deadline of each call to the backend holding the budgets; past it a report is answered with this replica's share alone")
+	fs.DurationVar(&c.budgetTimeout, "rlqs-budget-timeout", rlqs.DefaultBudgetTimeout, "RLQS: deadline of each call to the backend holding the budgets (on Redis, through a circuit breaker of its own, not RLS's); past it a report is answered with this replica's share alone")
 }
 
 // validate checks the -rlqs-* flags; source names a flag as the user set it.
