@@ -465,13 +465,12 @@ func (s *Server) Close() {
 	s.closed.Do(func() { close(s.closing) })
 }
 
-// handle validates one report whole, then decides each of its buckets.
-// handle decides report rep of stream ss and gives answer the response,
-// once; it returns an error, having answered nothing, for a report it
-// refuses. When the budget calls the report makes all run in the
-// background of its assignments (renewals of leases that still back
-// them, reads of the budget), the response is given before the store
-// answers them; otherwise once it has.
+// handle validates report rep of stream ss whole, decides each of its
+// buckets and gives answer the response, once; it returns an error,
+// having answered nothing, for a report it refuses. When the budget calls
+// the report makes all run behind its assignments (renewals of leases
+// that still back them, reads of the budget), the response is given
+// before the store answers them; otherwise once it has.
 func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answer func(*rlqsv3.RateLimitQuotaResponse)) error {
 	switch d := rep.GetDomain(); {
 	case ss.domain == "" && d == "":
@@ -607,19 +606,17 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 		}
 	}
 	s.mu.Unlock()
-	if len(batch) == 0 || waits(calls) {
-		if len(batch) > 0 {
-			s.settle(batch, calls)
-		}
-		release()
-		answer(resp)
-		return nil
+	behind := len(batch) > 0 && !waits(calls)
+	if len(batch) > 0 && !behind {
+		s.settle(batch, calls)
 	}
 	release()
 	answer(resp)
-	s.behind <- struct{}{}
-	defer func() { <-s.behind }()
-	s.settle(batch, calls)
+	if behind {
+		s.behind <- struct{}{}
+		defer func() { <-s.behind }()
+		s.settle(batch, calls)
+	}
 	return nil
 }
 
