@@ -422,6 +422,22 @@ func newHTTPServer(handler http.Handler, log *slog.Logger) *http.Server {
 	}
 }
 
+// newBreaker puts a circuit breaker with deadline timeout and the
+// -circuit-* flags in front of b, logging its state changes as those of
+// the circuit named what; whileOpen says what an open circuit means.
+func newBreaker(b algo.Backend, c *serveConfig, timeout time.Duration, now func() time.Time, log *slog.Logger, what, whileOpen string) *breaker.Breaker {
+	return breaker.New(b, breaker.Options{
+		Timeout: timeout, Failures: c.breaker.Failures, Cooldown: c.breaker.Cooldown, Now: now,
+		OnStateChange: func(from, to breaker.State, err error) {
+			if to == breaker.Open {
+				log.Warn(what+" circuit open: "+whileOpen, "from", from.String(), "error", err, "cooldown", c.breaker.Cooldown)
+			} else {
+				log.Info(what+" circuit "+to.String(), "from", from.String())
+			}
+		},
+	})
+}
+
 // backends are what newBackend builds.
 type backends struct {
 	main     algo.Backend
@@ -506,16 +522,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 			return nil, err
 		}
 		fallback := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys, Now: be.now})
-		guard := breaker.New(b, breaker.Options{
-			Timeout: c.breaker.Timeout, Failures: c.breaker.Failures, Cooldown: c.breaker.Cooldown, Now: be.now,
-			OnStateChange: func(from, to breaker.State, err error) {
-				if to == breaker.Open {
-					log.Warn("backend circuit open: calls fail at once until a probe succeeds", "from", from.String(), "error", err, "cooldown", c.breaker.Cooldown)
-				} else {
-					log.Info("backend circuit "+to.String(), "from", from.String())
-				}
-			},
-		})
+		guard := newBreaker(b, c, c.breaker.Timeout, be.now, log, "backend", "calls fail at once until a probe succeeds")
 		registerBreaker(reg, guard)
 		// Limits of scope: global are decided against the other regions'
 		// counts, kept in this region's Redis; others pass through.
@@ -541,16 +548,8 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		// Envoy's request path and may carry a whole report's buckets, so
 		// one slower than an RLS decision's deadline neither fails nor
 		// opens the circuit that RLS decisions go through.
-		quota := breaker.New(b, breaker.Options{
-			Timeout: c.rlqs.budgetTimeout, Failures: c.breaker.Failures, Cooldown: c.breaker.Cooldown, Now: be.now,
-			OnStateChange: func(from, to breaker.State, err error) {
-				if to == breaker.Open {
-					log.Warn("rlqs budget circuit open: budget calls fail at once until a probe succeeds; reports are answered with this replica's share alone", "from", from.String(), "error", err, "cooldown", c.breaker.Cooldown)
-				} else {
-					log.Info("rlqs budget circuit "+to.String(), "from", from.String())
-				}
-			},
-		})
+		quota := newBreaker(b, c, c.rlqs.budgetTimeout, be.now, log, "rlqs budget",
+			"budget calls fail at once until a probe succeeds; reports are answered with this replica's share alone")
 		be.main, be.fallback, be.leases, be.quota = leases, fallback, leases, quota
 		be.redis, be.guard, be.leaseEngine = b, guard, leases
 		be.close = func() {
