@@ -6,9 +6,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"mime"
 	"net/http"
@@ -16,7 +14,6 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -124,7 +121,7 @@ func (c *Console) Handler(svc *service.Service) http.Handler {
 	})
 	mux.HandleFunc("POST /ui/api/reset", func(w http.ResponseWriter, r *http.Request) {
 		if !svc.ResetEnabled() {
-			writeError(w, http.StatusForbidden, "reset is off: start the server with -enable-reset to let operators clear counters")
+			service.WriteJSONError(w, http.StatusForbidden, "reset is off: start the server with -enable-reset to let operators clear counters")
 			return
 		}
 		req, ok := readRequest(w, r)
@@ -132,7 +129,7 @@ func (c *Console) Handler(svc *service.Service) http.Handler {
 			return
 		}
 		if len(req.Descriptors) != 1 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("descriptors: a reset takes exactly one descriptor, not %d", len(req.Descriptors)))
+			service.WriteJSONError(w, http.StatusBadRequest, fmt.Sprintf("descriptors: a reset takes exactly one descriptor, not %d", len(req.Descriptors)))
 			return
 		}
 		rr := &ratelimitdv1.ResetRequest{Domain: req.Domain, Descriptor_: ownDescriptors(req)[0]}
@@ -144,12 +141,12 @@ func (c *Console) Handler(svc *service.Service) http.Handler {
 		writeProto(w, resp, err)
 	})
 	mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such page of the ops console")
+		service.WriteJSONError(w, http.StatusNotFound, "no such page of the ops console")
 	})
 
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusForbidden, "cross-origin request refused: the console's calls come from its own page")
+		service.WriteJSONError(w, http.StatusForbidden, "cross-origin request refused: the console's calls come from its own page")
 	}))
 	protected := cop.Handler(mux)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -164,30 +161,17 @@ func (c *Console) Handler(svc *service.Service) http.Handler {
 }
 
 // readRequest reads a RateLimitRequest in JSON (protojson), the body of
-// POST /json, for a console POST. When it cannot, it answers the error
-// and returns false.
+// POST /json, for a console POST: as POST /json reads it, but only with a
+// JSON Content-Type and at most maxBody bytes. When it cannot, it answers
+// the error and returns false.
 func readRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitRequest, bool) {
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
 		// A form of another site cannot send JSON without the preflight
 		// this server never grants.
-		writeError(w, http.StatusUnsupportedMediaType, "the body must be JSON (Content-Type: application/json)")
+		service.WriteJSONError(w, http.StatusUnsupportedMediaType, "the body must be JSON (Content-Type: application/json)")
 		return nil, false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", maxBody))
-			return nil, false
-		}
-		writeError(w, http.StatusBadRequest, "reading the body: "+err.Error())
-		return nil, false
-	}
-	req := &rlsv3.RateLimitRequest{}
-	if err := protojson.Unmarshal(body, req); err != nil {
-		writeError(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON: "+err.Error())
-		return nil, false
-	}
-	return req, true
+	return service.ReadRLSRequest(w, r, maxBody)
 }
 
 // ownDescriptors are req's descriptors in the own API's terms.
@@ -211,12 +195,12 @@ func ownDescriptors(req *rlsv3.RateLimitRequest) []*ratelimitdv1.Descriptor {
 func writeProto(w http.ResponseWriter, m proto.Message, err error) {
 	if err != nil {
 		st := status.Convert(err)
-		writeError(w, httpStatus(st.Code()), st.Message())
+		service.WriteJSONError(w, service.HTTPStatus(st.Code()), st.Message())
 		return
 	}
 	out, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "encoding the answer: "+err.Error())
+		service.WriteJSONError(w, http.StatusInternalServerError, "encoding the answer: "+err.Error())
 		return
 	}
 	var compact bytes.Buffer
@@ -227,43 +211,15 @@ func writeProto(w http.ResponseWriter, m proto.Message, err error) {
 	w.Write(append(out, '\n'))
 }
 
-// httpStatus maps a gRPC code of the own API to an HTTP status.
-func httpStatus(c codes.Code) int {
-	switch c {
-	case codes.InvalidArgument:
-		return http.StatusBadRequest
-	case codes.PermissionDenied:
-		return http.StatusForbidden
-	case codes.NotFound:
-		return http.StatusNotFound
-	case codes.Unimplemented:
-		return http.StatusNotImplemented
-	case codes.Unavailable, codes.Canceled:
-		return http.StatusServiceUnavailable
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
-}
-
 // writeJSON answers v in JSON. encoding/json escapes <, > and & in
 // strings, so no descriptor value reads as markup even if the answer were
 // taken for HTML.
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	body, err := json.Marshal(v)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "encoding the answer: "+err.Error())
+		service.WriteJSONError(w, http.StatusInternalServerError, "encoding the answer: "+err.Error())
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	w.Write(append(body, '\n'))
-}
-
-func writeError(w http.ResponseWriter, code int, msg string) {
-	body, _ := json.Marshal(struct {
-		Error string `json:"error"`
-	}{msg})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	w.Write(append(body, '\n'))

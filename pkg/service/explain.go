@@ -256,17 +256,17 @@ type ExplainRegion struct {
 // the backend only to read the holders of concurrency limits (stored
 // nothing), so nothing is counted.
 func (s *Service) serveExplain(w http.ResponseWriter, r *http.Request) {
-	req, ok := readRLSRequest(w, r)
+	req, ok := ReadRLSRequest(w, r, MaxJSONBody)
 	if !ok {
 		return
 	}
 	if err := s.bounds.check(req); err != nil {
-		writeJSONError(w, http.StatusBadRequest, err.Error())
+		WriteJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	out, err := json.Marshal(s.explain(r.Context(), req))
 	if err != nil {
-		writeJSONError(w, http.StatusInternalServerError, "encoding the response: "+err.Error())
+		WriteJSONError(w, http.StatusInternalServerError, "encoding the response: "+err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

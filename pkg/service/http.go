@@ -46,19 +46,19 @@ func (s *Service) HTTPHandler() http.Handler {
 }
 
 func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
-	req, ok := readRLSRequest(w, r)
+	req, ok := ReadRLSRequest(w, r, MaxJSONBody)
 	if !ok {
 		return
 	}
 	resp, err := s.ShouldRateLimit(r.Context(), req)
 	if err != nil {
 		st := status.Convert(err)
-		writeJSONError(w, httpStatus(st.Code()), st.Message())
+		WriteJSONError(w, HTTPStatus(st.Code()), st.Message())
 		return
 	}
 	out, err := protojson.Marshal(resp)
 	if err != nil {
-		writeJSONError(w, http.StatusInternalServerError, "encoding the response: "+err.Error())
+		WriteJSONError(w, http.StatusInternalServerError, "encoding the response: "+err.Error())
 		return
 	}
 	// protojson varies its spacing from build to build on purpose; compact
@@ -78,11 +78,18 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
 	w.Write(out)
 }
 
-// httpStatus maps a gRPC code of ShouldRateLimit to an HTTP status.
-func httpStatus(c codes.Code) int {
+// HTTPStatus maps a gRPC code of ShouldRateLimit or the own API to an
+// HTTP status.
+func HTTPStatus(c codes.Code) int {
 	switch c {
 	case codes.InvalidArgument:
 		return http.StatusBadRequest
+	case codes.PermissionDenied:
+		return http.StatusForbidden
+	case codes.NotFound:
+		return http.StatusNotFound
+	case codes.Unimplemented:
+		return http.StatusNotImplemented
 	case codes.Unavailable, codes.Canceled:
 		return http.StatusServiceUnavailable
 	case codes.DeadlineExceeded:
@@ -91,7 +98,9 @@ func httpStatus(c codes.Code) int {
 	return http.StatusInternalServerError
 }
 
-func writeJSONError(w http.ResponseWriter, code int, msg string) {
+// WriteJSONError answers code with {"error": msg}, as every JSON endpoint
+// of ratelimitd answers an error.
+func WriteJSONError(w http.ResponseWriter, code int, msg string) {
 	body, _ := json.Marshal(struct {
 		Error string `json:"error"`
 	}{msg})
@@ -185,22 +194,22 @@ func writeRule(w io.Writer, r *config.Rule) {
 	fmt.Fprintf(w, " (%s:%d)\n", r.File, r.Line)
 }
 
-// readRLSRequest reads a RateLimitRequest in JSON from r's body, at most
-// MaxJSONBody bytes, as POST /json does. When it cannot, it answers the
-// error and returns false.
-func readRLSRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitRequest, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxJSONBody))
+// ReadRLSRequest reads a RateLimitRequest in JSON from r's body, at most
+// limit bytes (POST /json: MaxJSONBody). When it cannot, it answers the
+// error (400, or 413 over limit) and returns false.
+func ReadRLSRequest(w http.ResponseWriter, r *http.Request, limit int64) (*rlsv3.RateLimitRequest, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-			writeJSONError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", MaxJSONBody))
+			WriteJSONError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", limit))
 			return nil, false
 		}
-		writeJSONError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+		WriteJSONError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
 		return nil, false
 	}
 	req := &rlsv3.RateLimitRequest{}
 	if err := protojson.Unmarshal(body, req); err != nil {
-		writeJSONError(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON: "+err.Error())
+		WriteJSONError(w, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON: "+err.Error())
 		return nil, false
 	}
 	return req, true

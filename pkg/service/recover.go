@@ -106,7 +106,7 @@ func RecoverHTTP(log *slog.Logger, panics *atomic.Uint64, next http.Handler) htt
 			if cw.committed {
 				panic(http.ErrAbortHandler)
 			}
-			writeJSONError(w, http.StatusInternalServerError, internalErrorHTTP)
+			WriteJSONError(w, http.StatusInternalServerError, internalErrorHTTP)
 		}()
 		next.ServeHTTP(cw, r)
 	})
