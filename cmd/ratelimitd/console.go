@@ -4,9 +4,9 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"runtime/debug"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/backend/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/console"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -22,7 +22,7 @@ func newConsole(c *serveConfig, be *backends, x *xdsSource, loaded func() time.T
 	log.Info("ops console on: /ui on the HTTP listener shows rules, live decisions and the descriptors refused most; keep the listener behind TLS and auth (docs/console.md)",
 		"tls", c.httpTLS.Cert != "", "mtls", c.httpTLS.ClientCA != "", "reset", c.enableReset)
 	return console.New(console.Options{
-		Now: be.now, Logger: log, Replica: replica, Version: shortVersion(),
+		Now: be.now, Logger: log, Replica: replica, Version: version(),
 		Source: func() console.Source {
 			if x == nil {
 				return console.Source{Kind: "file", Path: c.config, LoadedAt: loaded()}
@@ -59,7 +59,7 @@ func describeBackend(c *serveConfig, be *backends) console.Backend {
 		}
 		d.Redis = &console.Redis{Mode: string(c.redis.Mode), URL: redis.RedactURL(c.redis.URL), Master: c.redis.MasterName,
 			Prefix: c.redisPrefix, Lua: lua, Clock: c.redisClock, KeyFormat: c.redisKeyFormat}
-		if c.redisMode == "cluster" {
+		if c.redis.Mode == redis.Cluster {
 			d.Redis.HashTag = c.redisHashTag
 		}
 	}
@@ -74,8 +74,8 @@ func describeBackend(c *serveConfig, be *backends) console.Backend {
 	if be.cache != nil {
 		d.LocalCache = &console.LocalCache{Keys: be.cache.Len(), Hits: be.cache.Hits(), Misses: be.cache.Misses()}
 	}
-	if be.leaseEngine != nil {
-		st := be.leaseEngine.Stats()
+	if le, ok := be.leases.(*lease.Engine); ok {
+		st := le.Stats()
 		d.Leases = &console.Leases{Keys: st.Keys, Held: st.Held, Local: st.Local, Backend: st.Backend, Stranded: st.Stranded, Errors: st.Errors}
 	}
 	if be.region != nil {
@@ -91,21 +91,4 @@ func describeBackend(c *serveConfig, be *backends) console.Backend {
 		d.Region = r
 	}
 	return d
-}
-
-// shortVersion is the module version and the commit the binary was built
-// from, for the console's header.
-func shortVersion() string {
-	v := "ratelimitd"
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return v
-	}
-	v += " " + bi.Main.Version
-	for _, s := range bi.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
-		}
-	}
-	return v
 }

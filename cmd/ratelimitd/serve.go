@@ -455,13 +455,13 @@ type backends struct {
 	close func()
 
 	// What the ops console describes, nil when absent: the Redis
-	// backend, its breaker and lease engine, the memory backend (the
-	// main one, not a fallback) and the local over-limit cache.
-	redis       *redis.Backend
-	guard       *breaker.Breaker
-	leaseEngine *lease.Engine
-	memory      *memory.Backend
-	cache       *overlimit.Cache
+	// backend and its breaker, the memory backend (the main one, not a
+	// fallback) and the local over-limit cache. (The lease engine is
+	// leases.)
+	redis  *redis.Backend
+	guard  *breaker.Breaker
+	memory *memory.Backend
+	cache  *overlimit.Cache
 }
 
 // setRegion records the region engine e (nil: none).
@@ -551,7 +551,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		quota := newBreaker(b, c, c.rlqs.budgetTimeout, be.now, log, "rlqs budget",
 			"budget calls fail at once until a probe succeeds; reports are answered with this replica's share alone")
 		be.main, be.fallback, be.leases, be.quota = leases, fallback, leases, quota
-		be.redis, be.guard, be.leaseEngine = b, guard, leases
+		be.redis, be.guard = b, guard
 		be.close = func() {
 			// Budget still leased goes back before the connections close.
 			ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
