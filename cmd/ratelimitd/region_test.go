@@ -3,15 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -45,55 +46,28 @@ func TestRegionUsageErrors(t *testing.T) {
 	}
 }
 
-// relay is a TCP relay on a free loopback port to an upstream set later:
-// a region's peers are named at its start, before they listen.
-type relay struct {
-	ln       net.Listener
-	mu       sync.Mutex
-	upstream string
-}
+// relay is a link on a free loopback port (toxiproxy, in this process)
+// whose upstream is set later: a region's peers are named at its start,
+// before they listen.
+type relay struct{ p *toxiproxy.Proxy }
 
-func newRelay(t *testing.T) *relay {
+func newRelay(t *testing.T, tp *toxiproxy.ApiServer, name string) *relay {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	p := toxiproxy.NewProxy(tp, name, "127.0.0.1:0", "127.0.0.1:1")
+	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r := &relay{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			up := r.upstream
-			r.mu.Unlock()
-			go func() {
-				defer c.Close()
-				if up == "" {
-					return
-				}
-				u, err := net.Dial("tcp", up)
-				if err != nil {
-					return
-				}
-				defer u.Close()
-				go func() { _, _ = io.Copy(u, c); u.Close() }()
-				_, _ = io.Copy(c, u)
-			}()
-		}
-	}()
-	return r
+	t.Cleanup(p.Stop)
+	return &relay{p}
 }
 
-func (r *relay) addr() string { return r.ln.Addr().String() }
+func (r *relay) addr() string { return r.p.Listen }
 
-func (r *relay) to(upstream string) {
-	r.mu.Lock()
-	r.upstream = upstream
-	r.mu.Unlock()
+func (r *relay) to(t *testing.T, upstream string) {
+	t.Helper()
+	if err := r.p.Update(&toxiproxy.Proxy{Listen: r.p.Listen, Upstream: upstream, Enabled: true}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestRegionsOverMutualTLS runs two regions, eu and us, in this process on
@@ -110,7 +84,8 @@ func TestRegionsOverMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	certs := redistest.WriteCerts(t)
-	toEU, toUS := newRelay(t), newRelay(t)
+	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	toEU, toUS := newRelay(t, tp, "to-eu"), newRelay(t, tp, "to-us")
 	start := func(name, peers string, c redistest.CertFiles) *inProcess {
 		return startServe(t, true, "-config", rules, "-watch-config=false",
 			"-grpc-tls-cert", c.Cert, "-grpc-tls-key", c.Key, "-grpc-tls-client-ca", c.CA,
@@ -118,8 +93,8 @@ func TestRegionsOverMutualTLS(t *testing.T) {
 	}
 	eu := start("eu", "us="+toUS.addr(), certs)
 	us := start("us", "eu="+toEU.addr(), certs)
-	toEU.to(eu.grpcAddr)
-	toUS.to(us.grpcAddr)
+	toEU.to(t, eu.grpcAddr)
+	toUS.to(t, us.grpcAddr)
 
 	admit := func(p *inProcess, c redistest.CertFiles, n int) int {
 		t.Helper()
@@ -192,8 +167,8 @@ func TestRegionsOverMutualTLS(t *testing.T) {
 
 	// An impostor: region us by name, with a certificate of another CA.
 	other := redistest.WriteCerts(t)
-	toEU2 := newRelay(t)
-	toEU2.to(eu.grpcAddr)
+	toEU2 := newRelay(t, tp, "impostor-to-eu")
+	toEU2.to(t, eu.grpcAddr)
 	impostor := start("us", "eu="+toEU2.addr(), other)
 	if n := admit(impostor, other, 30); n != 30 {
 		t.Fatalf("the impostor admitted %d of 30 (it knows no count of eu's)", n)
