@@ -150,6 +150,20 @@ func TestRegionsOverMutualTLS(t *testing.T) {
 		}
 	}
 
+	// A peer never heard counts as cut off: each region reserves its
+	// share for the other until the first push arrives.
+	heard := func(p *inProcess, peer string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(p.get(t, "/metrics"), `ratelimitd_region_peer_cut_off{peer="`+peer+`"} 0`) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after 10s %s is still cut off", peer)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	heard(eu, "us")
+	heard(us, "eu")
 	if n := admit(eu, certs, 60); n != 60 {
 		t.Fatalf("eu admitted %d of 60 under a global limit of 100", n)
 	}
