@@ -36,6 +36,13 @@ const (
 	DefaultDialTimeout  = 250 * time.Millisecond
 	DefaultReadTimeout  = 100 * time.Millisecond
 	DefaultWriteTimeout = 100 * time.Millisecond
+	// DefaultClusterReloadInterval is how old a Cluster's slot map may
+	// grow before the client reads it again (go-redis's default is 60 s).
+	// A failed or refused primary triggers a reload at once besides
+	// ([Backend.DecideVia]); the period bounds what no call's failure
+	// reveals. One CLUSTER SLOTS a second per replica costs Redis nothing
+	// to speak of.
+	DefaultClusterReloadInterval = time.Second
 )
 
 // Config says how to reach Redis. The zero value of every field but URL
@@ -60,6 +67,9 @@ type Config struct {
 	// each socket read and write of a call. Waiting for a free connection
 	// of the pool is bounded by ReadTimeout too.
 	DialTimeout, ReadTimeout, WriteTimeout time.Duration
+	// ClusterReloadInterval is how old a Cluster's slot map may grow
+	// before it is read again (Cluster only).
+	ClusterReloadInterval time.Duration
 	// TLSCAFile names a PEM file of the CAs to trust (default: the
 	// system's); TLSCertFile and TLSKeyFile a client certificate for
 	// mutual TLS. They apply to rediss:// URLs only.
@@ -193,6 +203,9 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
 	}
+	if cfg.ClusterReloadInterval == 0 {
+		cfg.ClusterReloadInterval = DefaultClusterReloadInterval
+	}
 	if first.TLSConfig != nil {
 		if err := addTLSFiles(first.TLSConfig, cfg); err != nil {
 			return nil, err
@@ -250,6 +263,10 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 			MaxRetries:            maxRetries,
 			DialerRetries:         dialAttempts,
 			ContextTimeoutEnabled: true,
+			// A primary that dies gives no MOVED, only refused
+			// connections: the slot map is read again every period, and
+			// whenever a primary fails (Backend.DecideVia).
+			ClusterStateReloadInterval: cfg.ClusterReloadInterval,
 		}), nil
 	}
 	return nil, fmt.Errorf("redis: unknown mode %q; accepted: standalone, sentinel, cluster", cfg.Mode)

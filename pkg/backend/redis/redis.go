@@ -167,7 +167,7 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 		return err
 	}
 	if b.cluster != nil {
-		return b.decideCluster(ctx, now, reqs, out)
+		return b.decideCluster(ctx, now, reqs, out, nil)
 	}
 
 	keys, reqs := b.prepare(reqs, false)
