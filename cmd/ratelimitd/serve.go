@@ -535,6 +535,12 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 			// probes Redis until it answers.
 			log.Error("backend unreachable at start; deciding by the failure mode until it answers",
 				append(attrs, "error", err, "failure_mode", c.failureMode)...)
+		case redis.Refusing(err):
+			// A full Redis (maxmemory, noeviction) or one loading its
+			// data is up: pods that exit would crash-loop until it frees
+			// memory. The first decision it takes loads the functions.
+			log.Error("backend refuses writes at start; deciding by the failure mode until it takes them, then loading the decision functions",
+				append(attrs, "error", err, "failure_mode", c.failureMode)...)
 		default:
 			b.Close()
 			return nil, err
