@@ -107,7 +107,7 @@ func serve(ctx context.Context, args []string, lookupEnv func(string) (string, b
 	}
 	log := newLogger(&c, stderr)
 	if compat {
-		log.Info("envoyproxy/ratelimit compatibility mode: configured from its environment", "flags", redactedFlags(compatFlags))
+		log.Info("envoyproxy/ratelimit compatibility mode: configured from its environment", "flags", redactArgs(compatFlags))
 		if len(notHonoured) > 0 {
 			log.Warn("envoyproxy/ratelimit settings not honoured (docs/migrating.md)", "settings", notHonoured)
 		}
