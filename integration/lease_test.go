@@ -71,9 +71,9 @@ func metric(t *testing.T, s *server, name string) float64 {
 }
 
 // TestLeasedAcrossReplicas starts three ratelimitd processes on one Redis
-// (standalone, a 3-master Cluster, and Sentinel) and has 60 concurrent
-// callers send 2N requests for one descriptor of a leased rule through
-// all three: at most N are admitted (a bucket may add what it refills
+// (standalone, a 3-master Cluster, and Sentinel) and, for every leasable
+// algorithm on each, has 60 concurrent callers send 2N requests for one
+// descriptor of a leased rule through all three: at most N are admitted (a bucket may add what it refills
 // meanwhile, as exact mode would), at least 98% of N are, and most
 // decisions are made in process.
 func TestLeasedAcrossReplicas(t *testing.T) {
@@ -88,11 +88,11 @@ func TestLeasedAcrossReplicas(t *testing.T) {
 			s := redistest.Start(t)
 			return s.URL, goredis.NewClient(&goredis.Options{Addr: s.Addr}), nil
 		}},
-		{"cluster", "cluster", []string{"fixed_window", "token_bucket"}, func(t *testing.T) (string, goredis.UniversalClient, []string) {
+		{"cluster", "cluster", leasedAlgorithms, func(t *testing.T) (string, goredis.UniversalClient, []string) {
 			c := redistest.StartCluster(t, 3)
 			return c.URL, goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: c.Seeds}), nil
 		}},
-		{"sentinel", "sentinel", []string{"gcra"}, func(t *testing.T) (string, goredis.UniversalClient, []string) {
+		{"sentinel", "sentinel", leasedAlgorithms, func(t *testing.T) (string, goredis.UniversalClient, []string) {
 			s := redistest.StartSentinel(t, 1, 1)
 			admin := goredis.NewClient(&goredis.Options{Addr: s.Master.Addr})
 			return s.URL, admin, []string{"-redis-master", s.MasterName}

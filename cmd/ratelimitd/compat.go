@@ -12,8 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
 
 // Compatibility mode: ratelimitd configured by envoyproxy/ratelimit's
@@ -540,21 +538,4 @@ func compatSource(err error, from map[string]string) string {
 		}
 	}
 	return ""
-}
-
-// redactedFlags returns flags as they may be logged: the Redis URL without
-// its password, and no secret value (passwords, xDS headers).
-func redactedFlags(flags []string) []string {
-	out := make([]string, len(flags))
-	for i, f := range flags {
-		name, value, _ := strings.Cut(f, "=")
-		switch name {
-		case "-redis-url":
-			value = redis.RedactURL(value)
-		case "-redis-sentinel-password", "-xds-headers":
-			value = "<hidden>"
-		}
-		out[i] = name + "=" + value
-	}
-	return out
 }

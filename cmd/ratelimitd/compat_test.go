@@ -318,7 +318,7 @@ func TestCompatLogsNoSecret(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logged := strings.Join(redactedFlags(args), " ")
+	logged := strings.Join(redactArgs(args), " ")
 	for _, secret := range []string{"hunter2", "hunter3", "hunter4"} {
 		if strings.Contains(logged, secret) {
 			t.Errorf("the logged flags show %s: %s", secret, logged)

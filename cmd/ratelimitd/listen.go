@@ -37,7 +37,7 @@ func debugHandler(app http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /rlconfig", app)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/cmdline", serveCmdline) // secrets masked
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

@@ -84,18 +84,54 @@ func registerMemory(reg prometheus.Registerer, b *memory.Backend) {
 	)
 }
 
-// registerBreaker exports the Redis circuit breaker's state and counters.
+// registerBreaker exports the Redis circuit breaker's state and counters,
+// and for a Cluster each primary's circuit.
 func registerBreaker(reg prometheus.Registerer, b *breaker.Breaker) {
 	stat := func(f func(breaker.Stats) uint64) func() uint64 { return func() uint64 { return f(b.Stats()) } }
 	reg.MustRegister(
-		gauge("backend", "circuit_state", "The backend circuit: 0 closed (calling), 1 open (failing at once), 2 half-open (probing).",
+		gauge("backend", "circuit_state", "The backend circuit: 0 closed (calling), 1 open (failing at once), 2 half-open (probing). For a Redis Cluster, the most open of its primaries' circuits.",
 			func() float64 { return float64(b.State()) }),
 		counter("backend", "calls_total", "Calls that reached the backend.", nil, stat(func(s breaker.Stats) uint64 { return s.Calls })),
 		counter("backend", "errors_total", "Backend calls that failed, timeouts included.", nil, stat(func(s breaker.Stats) uint64 { return s.Errors })),
 		counter("backend", "timeouts_total", "Backend calls cut off by -backend-timeout.", nil, stat(func(s breaker.Stats) uint64 { return s.Timeouts })),
-		counter("backend", "rejected_total", "Calls refused at once because the circuit was open.", nil, stat(func(s breaker.Stats) uint64 { return s.Rejected })),
-		counter("backend", "circuit_opens_total", "Times the backend circuit opened.", nil, stat(func(s breaker.Stats) uint64 { return s.Opens })),
+		counter("backend", "rejected_total", "Calls refused at once because the circuit was open (for a Cluster, the circuit of a primary the call needed).", nil, stat(func(s breaker.Stats) uint64 { return s.Rejected })),
+		counter("backend", "circuit_opens_total", "Times the backend circuit (for a Cluster, a primary's) opened.", nil, stat(func(s breaker.Stats) uint64 { return s.Opens })),
+		nodeCircuits{b},
 	)
+}
+
+// nodeCircuits exports the circuit of each Redis Cluster primary that calls
+// asked for lately, labelled by its address. A primary no key maps to any
+// more (replaced by its replica) leaves the series once the breaker
+// forgets it.
+type nodeCircuits struct{ b *breaker.Breaker }
+
+var (
+	nodeStateDesc = prometheus.NewDesc(metricsNamespace+"_backend_node_circuit_state",
+		"The circuit of a Redis Cluster primary: 0 closed, 1 open (its slots' keys decided by the failure mode), 2 half-open.", []string{"node"}, nil)
+	nodeOpensDesc = prometheus.NewDesc(metricsNamespace+"_backend_node_circuit_opens_total",
+		"Times the circuit of a Redis Cluster primary opened.", []string{"node"}, nil)
+	nodeErrorsDesc = prometheus.NewDesc(metricsNamespace+"_backend_node_errors_total",
+		"Calls that failed on a Redis Cluster primary.", []string{"node"}, nil)
+	nodeRejectedDesc = prometheus.NewDesc(metricsNamespace+"_backend_node_rejected_total",
+		"Calls refused at once because a Redis Cluster primary they needed had its circuit open.", []string{"node"}, nil)
+)
+
+func (nodeCircuits) Describe(ch chan<- *prometheus.Desc) {
+	ch <- nodeStateDesc
+	ch <- nodeOpensDesc
+	ch <- nodeErrorsDesc
+	ch <- nodeRejectedDesc
+}
+
+func (n nodeCircuits) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range n.b.Nodes() {
+		node := breaker.NodeName(st.Node)
+		ch <- prometheus.MustNewConstMetric(nodeStateDesc, prometheus.GaugeValue, float64(st.State), node)
+		ch <- prometheus.MustNewConstMetric(nodeOpensDesc, prometheus.CounterValue, float64(st.Opens), node)
+		ch <- prometheus.MustNewConstMetric(nodeErrorsDesc, prometheus.CounterValue, float64(st.Errors), node)
+		ch <- prometheus.MustNewConstMetric(nodeRejectedDesc, prometheus.CounterValue, float64(st.Rejected), node)
+	}
 }
 
 // registerService exports the panics the service recovered and the rules

@@ -107,7 +107,7 @@ func serve(ctx context.Context, args []string, lookupEnv func(string) (string, b
 	}
 	log := newLogger(&c, stderr)
 	if compat {
-		log.Info("envoyproxy/ratelimit compatibility mode: configured from its environment", "flags", redactedFlags(compatFlags))
+		log.Info("envoyproxy/ratelimit compatibility mode: configured from its environment", "flags", redactArgs(compatFlags))
 		if len(notHonoured) > 0 {
 			log.Warn("envoyproxy/ratelimit settings not honoured (docs/migrating.md)", "settings", notHonoured)
 		}
@@ -424,18 +424,36 @@ func newHTTPServer(handler http.Handler, log *slog.Logger) *http.Server {
 
 // newBreaker puts a circuit breaker with deadline timeout and the
 // -circuit-* flags in front of b, logging its state changes as those of
-// the circuit named what; whileOpen says what an open circuit means.
+// the circuit named what; whileOpen says what an open circuit means. In
+// front of a backend made of nodes (a Redis Cluster: clusterNodes) it
+// keeps a circuit per node, and the lines name the node.
 func newBreaker(b algo.Backend, c *serveConfig, timeout time.Duration, now func() time.Time, log *slog.Logger, what, whileOpen string) *breaker.Breaker {
+	_, nodes := b.(breaker.Nodes)
 	return breaker.New(b, breaker.Options{
 		Timeout: timeout, Failures: c.breaker.Failures, Cooldown: c.breaker.Cooldown, Now: now,
-		OnStateChange: func(from, to breaker.State, err error) {
+		OnStateChange: func(node string, from, to breaker.State, err error) {
+			name, attrs := what+" circuit", []any{"from", from.String()}
+			if nodes {
+				name += " of node " + breaker.NodeName(node)
+				attrs = append(attrs, "node", breaker.NodeName(node))
+			}
 			if to == breaker.Open {
-				log.Warn(what+" circuit open: "+whileOpen, "from", from.String(), "error", err, "cooldown", c.breaker.Cooldown)
+				log.Warn(name+" open: "+whileOpen, append(attrs, "error", err, "cooldown", c.breaker.Cooldown)...)
 			} else {
-				log.Info(what+" circuit "+to.String(), "from", from.String())
+				log.Info(name+" "+to.String(), attrs...)
 			}
 		},
 	})
+}
+
+// clusterNodes is the Redis backend on a Cluster, seen by the breaker as a
+// backend made of nodes (breaker.Nodes): one circuit per primary, so that
+// a dead primary fails only the keys of its slots.
+type clusterNodes struct{ *redis.Backend }
+
+// DecideVia implements breaker.Nodes.
+func (c clusterNodes) DecideVia(ctx context.Context, gate breaker.Gate, reqs []algo.Request, out []algo.Decision) error {
+	return c.Backend.DecideVia(ctx, gate, reqs, out)
 }
 
 // backends are what newBackend builds.
@@ -517,12 +535,22 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 			// probes Redis until it answers.
 			log.Error("backend unreachable at start; deciding by the failure mode until it answers",
 				append(attrs, "error", err, "failure_mode", c.failureMode)...)
+		case redis.Refusing(err):
+			// A full Redis (maxmemory, noeviction) or one loading its
+			// data is up: pods that exit would crash-loop until it frees
+			// memory. The first decision it takes loads the functions.
+			log.Error("backend refuses writes at start; deciding by the failure mode until it takes them, then loading the decision functions",
+				append(attrs, "error", err, "failure_mode", c.failureMode)...)
 		default:
 			b.Close()
 			return nil, err
 		}
 		fallback := memory.New(memory.Options{MaxKeys: c.memoryMaxKeys, Now: be.now})
-		guard := newBreaker(b, c, c.breaker.Timeout, be.now, log, "backend", "calls fail at once until a probe succeeds")
+		var guarded algo.Backend = b
+		if c.redis.Mode == redis.Cluster {
+			guarded = clusterNodes{b}
+		}
+		guard := newBreaker(guarded, c, c.breaker.Timeout, be.now, log, "backend", "calls fail at once until a probe succeeds")
 		registerBreaker(reg, guard)
 		// Limits of scope: global are decided against the other regions'
 		// counts, kept in this region's Redis; others pass through.
@@ -548,7 +576,7 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		// Envoy's request path and may carry a whole report's buckets, so
 		// one slower than an RLS decision's deadline neither fails nor
 		// opens the circuit that RLS decisions go through.
-		quota := newBreaker(b, c, c.rlqs.budgetTimeout, be.now, log, "rlqs budget",
+		quota := newBreaker(guarded, c, c.rlqs.budgetTimeout, be.now, log, "rlqs budget",
 			"budget calls fail at once until a probe succeeds; reports are answered with this replica's share alone")
 		be.main, be.fallback, be.leases, be.quota = leases, fallback, leases, quota
 		be.redis, be.guard = b, guard

@@ -75,6 +75,38 @@ func TestStartNodeReportsLog(t *testing.T) {
 	}
 }
 
+// TestClusterWithReplicas: each master gets its replica, in sync, and
+// the options reach every node.
+func TestClusterWithReplicas(t *testing.T) {
+	t.Parallel()
+	c := StartClusterWith(t, ClusterOptions{Masters: 3, Replicas: 1, Args: []string{"--cluster-require-full-coverage", "no"}})
+	if len(c.Nodes) != 3 || len(c.Replicas) != 3 || len(c.ReplicaOf) != 3 {
+		t.Fatalf("cluster = %+v; want 3 masters and 3 replicas", c)
+	}
+	replicated := map[int]bool{}
+	for i, r := range c.Replicas {
+		m, err := replicaOf(r.Addr)
+		if err != nil || m != c.Nodes[c.ReplicaOf[i]].Addr {
+			t.Errorf("replica %s replicates %q (%v), want %s", r.Addr, m, err, c.Nodes[c.ReplicaOf[i]].Addr)
+		}
+		replicated[c.ReplicaOf[i]] = true
+	}
+	if len(replicated) != 3 {
+		t.Errorf("replicas of masters %v; want one of each", replicated)
+	}
+	for _, n := range append(c.Nodes, c.Replicas...) {
+		if err := query(n.Addr, func(ctx context.Context, c *redis.Client) error {
+			v, err := c.ConfigGet(ctx, "cluster-require-full-coverage").Result()
+			if err == nil && v["cluster-require-full-coverage"] != "no" {
+				err = fmt.Errorf("cluster-require-full-coverage is %q", v["cluster-require-full-coverage"])
+			}
+			return err
+		}); err != nil {
+			t.Errorf("node %s: %v", n.Addr, err)
+		}
+	}
+}
+
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	c := StartCluster(t, 3)

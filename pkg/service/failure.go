@@ -14,6 +14,11 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
+// errBackendUnavailable is what a caller is told when the backend failed.
+// The cause (a Redis address, Redis's reply) is logged, never sent: the
+// caller may be anyone who reaches the port.
+const errBackendUnavailable = "backend unavailable: the limit could not be decided; the server's log has the cause"
+
 // failureLogInterval is the least time between two log lines about backend
 // failures; the lines in between are counted, not written.
 const failureLogInterval = 10 * time.Second
@@ -73,13 +78,14 @@ func (s *Service) backendFailed(ctx context.Context, domain string, dom *config.
 	}
 	switch mode {
 	case config.FailError:
-		return mode, status.Errorf(codes.Unavailable, "backend: %v", err)
+		return mode, status.Error(codes.Unavailable, errBackendUnavailable)
 	case config.FailLocal:
 		for i := range sc.reqs {
 			sc.reqs[i].Limit = share(sc.reqs[i].Limit, s.localShare)
 		}
 		if lerr := s.fallback.Decide(ctx, sc.reqs, sc.decisions); lerr != nil {
-			return mode, status.Errorf(codes.Unavailable, "backend: %v; local fallback: %v", err, lerr)
+			s.log.WarnContext(ctx, "local fallback failed too", "domain", domain, "error", lerr, "backend_error", err)
+			return mode, status.Error(codes.Unavailable, errBackendUnavailable)
 		}
 		return mode, nil
 	}

@@ -90,7 +90,7 @@ func TestJSONEndpointErrors(t *testing.T) {
 
 	f = newFixtureOpts(t, testRules, failingBackend{}, &testClock{}, Options{FailureMode: config.FailError})
 	code, _, got := f.http(t, "POST", "/json", `{"domain": "messaging", "descriptors": [{"entries": [{"key": "to_number", "value": "1"}]}]}`)
-	if code != http.StatusServiceUnavailable || !strings.Contains(got, "backend: connection refused") {
+	if code != http.StatusServiceUnavailable || !strings.Contains(got, errBackendUnavailable) || strings.Contains(got, "connection refused") {
 		t.Fatalf("failing backend: %d %s", code, got)
 	}
 }

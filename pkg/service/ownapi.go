@@ -74,7 +74,8 @@ func (a ownAPI) Reset(ctx context.Context, req *ratelimitdv1.ResetRequest) (*rat
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, status.FromContextError(ctxErr).Err()
 		}
-		return nil, status.Errorf(codes.Unavailable, "backend: %v", err)
+		s.log.WarnContext(ctx, "counters not reset: the backend failed", "domain", rls.Domain, "error", err)
+		return nil, status.Error(codes.Unavailable, errBackendUnavailable)
 	}
 	resp := &ratelimitdv1.ResetResponse{Counters: uint32(len(keys))}
 	if c.rule != nil {

@@ -264,7 +264,8 @@ func (s *Service) slotOp(ctx context.Context, id string, op algo.Op) (kept int, 
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return 0, 0, 0, status.FromContextError(ctxErr).Err()
 		}
-		return 0, 0, 0, status.Errorf(codes.Unavailable, "backend: %v; a slot not given back returns when its lease TTL ends", err)
+		s.log.WarnContext(ctx, "concurrency slots not released or renewed: the backend failed", "error", err)
+		return 0, 0, 0, status.Error(codes.Unavailable, errBackendUnavailable+"; a slot not given back returns when its lease TTL ends")
 	}
 	for i, sl := range l.slots {
 		s.observeSlots(sl.domain, sl.rule, &reqs[i], &out[i], true)

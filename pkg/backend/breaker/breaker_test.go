@@ -3,6 +3,11 @@ package breaker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -62,7 +67,7 @@ func setup(t *testing.T) (*Breaker, *faulty, *clock, *[]string) {
 	f := &faulty{inner: memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})}
 	var changes []string
 	b := New(f, Options{Timeout: 20 * time.Millisecond, Failures: 3, Cooldown: time.Second, Now: clk.Now,
-		OnStateChange: func(from, to State, err error) { changes = append(changes, from.String()+">"+to.String()) }})
+		OnStateChange: func(_ string, from, to State, err error) { changes = append(changes, from.String()+">"+to.String()) }})
 	return b, f, clk, &changes
 }
 
@@ -210,5 +215,187 @@ func TestCallerCancelIsNotAFailure(t *testing.T) {
 	}
 	if b.State() != Closed || b.Stats().Errors != 0 {
 		t.Fatalf("cancelled calls changed the circuit: %v, %+v", b.State(), b.Stats())
+	}
+}
+
+// TestAReplyIsNotATimeout: an error the backend answered is reported as
+// it was given, even when it arrived after the deadline (a loaded
+// machine), and only a deadline that passed is reported as a timeout.
+func TestAReplyIsNotATimeout(t *testing.T) {
+	oom := errors.New("OOM command not allowed when used memory > 'maxmemory'.")
+	late := &replying{err: oom, after: 40 * time.Millisecond}
+	b := New(late, Options{Timeout: 20 * time.Millisecond})
+	err := b.Decide(context.Background(), req, make([]algo.Decision, 1))
+	if !errors.Is(err, oom) || strings.Contains(err.Error(), "did not answer") {
+		t.Errorf("a late OOM reply: %v; want it as Redis gave it", err)
+	}
+	if st := b.Stats(); st.Timeouts != 0 || st.Errors != 1 {
+		t.Errorf("stats %+v, want 1 error and no timeout", st)
+	}
+	late.err = fmt.Errorf("read tcp 127.0.0.1:1->127.0.0.1:2: %w", os.ErrDeadlineExceeded)
+	err = b.Decide(context.Background(), req, make([]algo.Decision, 1))
+	if !strings.Contains(err.Error(), "did not answer within 20ms") {
+		t.Errorf("a socket deadline: %v; want it reported as a timeout", err)
+	}
+}
+
+// replying answers err after a delay that ignores the context.
+type replying struct {
+	err   error
+	after time.Duration
+}
+
+func (r *replying) Decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
+	time.Sleep(r.after)
+	return r.err
+}
+
+// nodes is a backend of nodes: a request's node is its key up to the
+// first ':'. Each node can be made to fail; healthy nodes decide with a
+// real memory backend.
+type nodes struct {
+	inner   algo.Backend
+	failing map[string]bool
+	sent    map[string]int // calls that reached each node
+}
+
+func (n *nodes) Decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
+	return errors.New("nodes: Decide called instead of DecideVia")
+}
+
+func (n *nodes) DecideVia(ctx context.Context, g Gate, reqs []algo.Request, out []algo.Decision) error {
+	var names []string
+	for _, r := range reqs {
+		name, _, _ := strings.Cut(string(r.Key), ":")
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	if err := g.Admit(names); err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		n.sent[name]++
+		if n.failing[name] {
+			err := fmt.Errorf("node %s: connection refused", name)
+			g.Done(name, err)
+			errs = append(errs, err)
+			continue
+		}
+		g.Done(name, nil)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return n.inner.Decide(ctx, reqs, out)
+}
+
+func nodeReq(keys ...string) []algo.Request {
+	reqs := make([]algo.Request, len(keys))
+	for i, k := range keys {
+		reqs[i] = req[0]
+		reqs[i].Key = []byte(k)
+	}
+	return reqs
+}
+
+// TestACircuitPerNode: a node that keeps failing opens its own circuit
+// only; calls for other nodes go on; a call that needs an open node is
+// refused whole, sending nothing to any node; the probe, the log of state
+// changes and the counters name the node; a node no call asks for is
+// forgotten.
+func TestACircuitPerNode(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	n := &nodes{inner: memory.New(memory.Options{Now: clk.Now, SweepInterval: -1}), failing: map[string]bool{"a": true}, sent: map[string]int{}}
+	var changes []string
+	b := New(n, Options{Failures: 3, Cooldown: time.Second, Now: clk.Now,
+		OnStateChange: func(node string, from, to State, err error) {
+			changes = append(changes, node+":"+from.String()+">"+to.String())
+		}})
+	call := func(keys ...string) error {
+		reqs := nodeReq(keys...)
+		return b.Decide(context.Background(), reqs, make([]algo.Decision, len(reqs)))
+	}
+	for range 3 {
+		if err := call("a:k"); err == nil {
+			t.Fatal("a failing node's call succeeded")
+		}
+		if err := call("b:k"); err != nil {
+			t.Fatalf("a healthy node's call: %v", err)
+		}
+	}
+	if b.State() != Open {
+		t.Fatalf("after node a failed 3 times the breaker's state is %v, want open", b.State())
+	}
+	for range 10 {
+		if err := call("b:k", "c:k"); err != nil {
+			t.Fatalf("with node a open, a call for nodes b and c: %v", err)
+		}
+	}
+	sent := maps.Clone(n.sent)
+	err := call("b:k", "a:k")
+	var open *OpenError
+	if !errors.Is(err, ErrOpen) || !errors.As(err, &open) || open.Node != "a" {
+		t.Fatalf("a call needing node a, open: %v; want an OpenError for a", err)
+	}
+	if !maps.Equal(sent, n.sent) {
+		t.Fatalf("a refused call reached nodes: %v, then %v", sent, n.sent)
+	}
+	want := []NodeStats{
+		{Node: "a", State: Open, Errors: 3, Rejected: 1, Opens: 1},
+		{Node: "b", State: Closed},
+		{Node: "c", State: Closed},
+	}
+	if got := b.Nodes(); !slices.Equal(got, want) {
+		t.Fatalf("Nodes() = %+v, want %+v", got, want)
+	}
+
+	// The probe of a, mixed with b: a recovered, so the call succeeds and
+	// closes a's circuit.
+	clk.Add(time.Second)
+	n.failing["a"] = false
+	if err := call("a:k", "b:k"); err != nil {
+		t.Fatalf("the probe of node a: %v", err)
+	}
+	if b.State() != Closed {
+		t.Fatalf("after a's good probe the state is %v", b.State())
+	}
+	if w := []string{"a:closed>open", "a:open>half-open", "a:half-open>closed"}; !slices.Equal(changes, w) {
+		t.Errorf("state changes %v, want %v", changes, w)
+	}
+
+	// Node a dies again and is replaced: nothing asks for it any more.
+	n.failing["a"] = true
+	for range 3 {
+		call("a:k")
+	}
+	if b.State() != Open {
+		t.Fatal("node a did not open again")
+	}
+	clk.Add(b.staleAfter())
+	call("b:k")
+	if got := b.Nodes(); len(got) != 1 || got[0].Node != "b" || b.State() != Closed {
+		t.Errorf("a stale period after the last call for a: %+v, state %v; want only b, closed", got, b.State())
+	}
+	if st := b.Stats(); st.Opens != 2 || st.Rejected != 1 {
+		t.Errorf("stats %+v, want 2 opens and 1 rejected call", st)
+	}
+}
+
+// TestNodeProbeOfAGoneCaller: a node's probe whose caller gave up opens
+// the circuit again rather than leaving it half-open.
+func TestNodeProbeOfAGoneCaller(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	n := &nodes{inner: memory.New(memory.Options{Now: clk.Now, SweepInterval: -1}), failing: map[string]bool{"a": true}, sent: map[string]int{}}
+	b := New(n, Options{Failures: 1, Cooldown: time.Second, Now: clk.Now})
+	reqs := nodeReq("a:k")
+	b.Decide(context.Background(), reqs, make([]algo.Decision, 1))
+	clk.Add(time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	b.Decide(ctx, reqs, make([]algo.Decision, 1))
+	if got := b.Nodes(); len(got) != 1 || got[0].State != Open {
+		t.Fatalf("after a cancelled probe: %+v, want node a open", got)
 	}
 }

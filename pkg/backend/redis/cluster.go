@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -128,16 +129,68 @@ func crc16(s string) uint16 {
 // order, with their script call.
 type slotGroup struct {
 	slot  int
-	index []int // positions in the batch
+	node  string // the primary serving the slot, as the client's slot map says
+	index []int  // positions in the batch
 	keys  []string
 	reqs  []algo.Request
 	args  []any
 	cmd   *goredis.Cmd
 }
 
+// Gate is what [Backend.DecideVia] asks before it sends a call to the
+// primaries of a Cluster, and tells afterwards how each fared: a circuit
+// breaker's circuits, one per primary (package breaker).
+type Gate interface {
+	// Admit lets the call reach the primaries at nodes (host:port, "" for
+	// slots the client has no map of), or says why not.
+	Admit(nodes []string) error
+	// Done reports how the call went on node: nil when it answered.
+	Done(node string, err error)
+}
+
+// DecideVia decides as [Backend.Decide] does, through gate: on a Cluster,
+// with the primaries the batch's slots map to, so that a circuit breaker
+// keeps a circuit per primary and a dead one fails only the calls that
+// reach it. A batch one of whose primaries gate refuses is sent nowhere:
+// no part of it is counted. Elsewhere the server is one node, "".
+//
+// A refused or failed primary also asks the client to reload its slot
+// map (CLUSTER SLOTS): a replica promoted in a dead primary's place is
+// found within a reload (go-redis runs at most one at a time, 200 ms
+// apart), not at the next periodic one.
+func (b *Backend) DecideVia(ctx context.Context, gate Gate, reqs []algo.Request, out []algo.Decision) error {
+	if b.cluster == nil || b.co != nil {
+		if err := gate.Admit([]string{""}); err != nil {
+			return err
+		}
+		err := b.Decide(ctx, reqs, out)
+		gate.Done("", err)
+		return err
+	}
+	if err := check(reqs, out); err != nil || len(reqs) == 0 {
+		return err
+	}
+	var now time.Time
+	if b.opts.Now != nil {
+		now = b.opts.Now()
+	}
+	return b.decideCluster(ctx, now, reqs, out, gate)
+}
+
+// primary returns the address of the primary serving key's slot in the
+// client's slot map, or "" when the client has none (no node answered).
+func (b *Backend) primary(ctx context.Context, key string) string {
+	c, err := b.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return ""
+	}
+	return c.Options().Addr
+}
+
 // decideCluster splits the batch by hash slot and pipelines one script call
-// per slot: one round trip; each group is all or nothing on its own.
-func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.Request, out []algo.Decision) error {
+// per slot: one round trip; each group is all or nothing on its own. With
+// a gate, the primaries are admitted first and their outcomes reported.
+func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.Request, out []algo.Decision, gate Gate) error {
 	var groups []*slotGroup
 	keys, reqs := b.prepare(reqs, true)
 	for i := range reqs {
@@ -162,12 +215,33 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 		g.args = algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(g.reqs)), now, b.minTTL, g.reqs)
 	}
 
-	if len(groups) == 1 {
-		reply, err := b.run(ctx, b.cluster, groups[0].keys, groups[0].args)
-		if err != nil {
+	var nodes []string
+	if gate != nil {
+		for _, g := range groups {
+			g.node = b.primary(ctx, g.keys[0])
+			if !slices.Contains(nodes, g.node) {
+				nodes = append(nodes, g.node)
+			}
+		}
+		if err := gate.Admit(nodes); err != nil {
+			// The slot map may name a primary that was replaced.
+			b.cluster.ReloadState(ctx)
 			return err
 		}
-		_, err = algo.ParseScriptReply(reply, out[:len(reqs)])
+	}
+
+	if len(groups) == 1 {
+		g := groups[0]
+		reply, err := b.run(ctx, b.cluster, g.keys, g.args)
+		if err == nil {
+			_, err = algo.ParseScriptReply(reply, out[:len(reqs)])
+		}
+		if err != nil {
+			err = b.nodeFailed(ctx, g, err)
+		}
+		if gate != nil {
+			gate.Done(g.node, nodeVerdict(err))
+		}
 		return err
 	}
 
@@ -182,6 +256,7 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 	}
 	_, _ = pipe.Exec(ctx) // each command's own error is read below
 	var errs []error
+	failed := make([]error, len(nodes)) // the first error of each node
 	decided := make([]algo.Decision, len(reqs))
 	reloaded := false
 	for _, g := range groups {
@@ -208,14 +283,57 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 			_, err = algo.ParseScriptReply(reply, decided[:len(g.reqs)])
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("slot %d: %w", g.slot, err))
+			err = b.nodeFailed(ctx, g, err)
+			errs = append(errs, err)
+			if i := slices.Index(nodes, g.node); i >= 0 && failed[i] == nil {
+				failed[i] = nodeVerdict(err)
+			}
 			continue
 		}
 		for j, i := range g.index {
 			out[i] = decided[j]
 		}
 	}
+	if gate != nil {
+		for i, n := range nodes {
+			gate.Done(n, failed[i])
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// nodeFailed names the group's slot (and primary, when known) in err, and
+// asks the client to reload its slot map when err says the primary may
+// be gone or the Cluster is changing.
+func (b *Backend) nodeFailed(ctx context.Context, g *slotGroup, err error) error {
+	var reply goredis.Error
+	if !errors.As(err, &reply) || clusterChanging(err) {
+		b.cluster.ReloadState(ctx)
+	}
+	if g.node != "" {
+		return fmt.Errorf("primary %s, slot %d: %w", g.node, g.slot, err)
+	}
+	return fmt.Errorf("slot %d: %w", g.slot, err)
+}
+
+// nodeVerdict is what a primary's failure err says of the primary itself:
+// nothing when it answered that the Cluster is changing (CLUSTERDOWN while
+// a failed primary is replaced, TRYAGAIN while a slot moves). Such an
+// answer is quick, the primary is alive, and its keys are decided again
+// the moment the Cluster is whole; opening its circuit would only add a
+// cooldown.
+func nodeVerdict(err error) error {
+	if clusterChanging(err) {
+		return nil
+	}
+	return err
+}
+
+// clusterChanging reports whether err is a Cluster's answer that its
+// configuration is changing: CLUSTERDOWN or TRYAGAIN.
+func clusterChanging(err error) bool {
+	return err != nil && (goredis.HasErrorPrefix(err, "CLUSTERDOWN") || goredis.HasErrorPrefix(err, "TRYAGAIN") ||
+		strings.Contains(err.Error(), "CLUSTERDOWN") || strings.Contains(err.Error(), "TRYAGAIN"))
 }
 
 // scriptSHA is the SHA1 digest Redis names a script by.

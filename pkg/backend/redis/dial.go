@@ -36,6 +36,13 @@ const (
 	DefaultDialTimeout  = 250 * time.Millisecond
 	DefaultReadTimeout  = 100 * time.Millisecond
 	DefaultWriteTimeout = 100 * time.Millisecond
+	// DefaultClusterReloadInterval is how old a Cluster's slot map may
+	// grow before the client reads it again (go-redis's default is 60 s).
+	// A failed or refused primary triggers a reload at once besides
+	// ([Backend.DecideVia]); the period bounds what no call's failure
+	// reveals. One CLUSTER SLOTS a second per replica costs Redis nothing
+	// to speak of.
+	DefaultClusterReloadInterval = time.Second
 )
 
 // Config says how to reach Redis. The zero value of every field but URL
@@ -60,6 +67,9 @@ type Config struct {
 	// each socket read and write of a call. Waiting for a free connection
 	// of the pool is bounded by ReadTimeout too.
 	DialTimeout, ReadTimeout, WriteTimeout time.Duration
+	// ClusterReloadInterval is how old a Cluster's slot map may grow
+	// before it is read again (Cluster only).
+	ClusterReloadInterval time.Duration
 	// TLSCAFile names a PEM file of the CAs to trust (default: the
 	// system's); TLSCertFile and TLSKeyFile a client certificate for
 	// mutual TLS. They apply to rediss:// URLs only.
@@ -175,7 +185,11 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 			err = urlErr.Err // without the URL and its password
 		}
 		if err != nil {
-			return nil, fmt.Errorf("redis: address %d of the URL (%s): %w", i+1, RedactURL(p), err)
+			hint := ""
+			if u, perr := url.Parse(p); perr == nil && u.Query().Has("password") {
+				hint = "; give the password as the URL's user info: redis://[user]:PASSWORD@host:port"
+			}
+			return nil, fmt.Errorf("redis: address %d of the URL (%s): %w%s", i+1, RedactURL(p), err, hint)
 		}
 		if first == nil {
 			first = o
@@ -192,6 +206,9 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.ClusterReloadInterval == 0 {
+		cfg.ClusterReloadInterval = DefaultClusterReloadInterval
 	}
 	if first.TLSConfig != nil {
 		if err := addTLSFiles(first.TLSConfig, cfg); err != nil {
@@ -250,6 +267,10 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 			MaxRetries:            maxRetries,
 			DialerRetries:         dialAttempts,
 			ContextTimeoutEnabled: true,
+			// A primary that dies gives no MOVED, only refused
+			// connections: the slot map is read again every period, and
+			// whenever a primary fails (Backend.DecideVia).
+			ClusterStateReloadInterval: cfg.ClusterReloadInterval,
 		}), nil
 	}
 	return nil, fmt.Errorf("redis: unknown mode %q; accepted: standalone, sentinel, cluster", cfg.Mode)
@@ -310,15 +331,46 @@ func (l Logger) Printf(ctx context.Context, format string, v ...any) {
 }
 
 // RedactURL returns the URL (or comma-separated URLs) with every password
-// replaced by "xxxxx", fit for logs and errors.
+// replaced by "xxxxx", fit for logs and errors: the user info's, and the
+// value of every query parameter whose name says it holds a secret
+// (password, pass, pwd, secret, token, key, auth, credential). A URL too
+// broken to parse is not shown at all.
 func RedactURL(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
-		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
-			parts[i] = u.Redacted()
-		} else if err != nil && strings.Contains(p, "@") {
-			parts[i] = "<unparsable URL hidden: it may hold a password>"
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			if strings.Contains(p, "@") || strings.Contains(p, "?") {
+				parts[i] = "<unparsable URL hidden: it may hold a password>"
+			}
+			continue
 		}
+		if u.RawQuery != "" {
+			q, err := url.ParseQuery(u.RawQuery)
+			if err != nil {
+				u.RawQuery = "<unparsable query hidden>"
+			} else {
+				for name := range q {
+					if secretParam(name) {
+						q[name] = []string{"xxxxx"}
+					}
+				}
+				u.RawQuery = q.Encode()
+			}
+		}
+		parts[i] = u.Redacted()
 	}
 	return strings.Join(parts, ",")
+}
+
+// secretParam reports whether a URL query parameter of this name may hold
+// a secret.
+func secretParam(name string) bool {
+	name = strings.ToLower(name)
+	for _, s := range []string{"pass", "pwd", "secret", "token", "key", "auth", "cred"} {
+		if strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
 }

@@ -72,6 +72,7 @@ type Backend struct {
 	script  string
 	sha     string
 	lib     string // the function library, named after sha
+	libName string // its name
 	fn      string // its function
 	// scripts is set once functions turn out to be unavailable, or when
 	// Options.Scripts asks for scripts.
@@ -93,7 +94,7 @@ func New(client goredis.UniversalClient, opts Options) *Backend {
 	// The library's name carries the script's digest, so replicas of two
 	// versions of ratelimitd each find their own during a rolling update.
 	name := "ratelimitd_" + sha[:12]
-	b := &Backend{client: client, script: src, sha: sha, lib: algo.Library(name), fn: name + "_decide", opts: opts}
+	b := &Backend{client: client, script: src, sha: sha, lib: algo.Library(name), libName: name, fn: name + "_decide", opts: opts}
 	b.scripts.Store(opts.Scripts)
 	b.cluster, _ = client.(*goredis.ClusterClient)
 	if opts.Coalesce > 0 && b.cluster == nil {
@@ -167,7 +168,7 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 		return err
 	}
 	if b.cluster != nil {
-		return b.decideCluster(ctx, now, reqs, out)
+		return b.decideCluster(ctx, now, reqs, out, nil)
 	}
 
 	keys, reqs := b.prepare(reqs, false)
@@ -209,11 +210,15 @@ func (b *Backend) Reset(ctx context.Context, reqs []algo.Request) error {
 }
 
 // loadLibrary loads the function library: into every master of a Cluster.
-// A library already there is not an error.
+// A library already there is not an error, even when Redis refuses to
+// load it again because it is full (FUNCTION LOAD is a write).
 func (b *Backend) loadLibrary(ctx context.Context) error {
 	load := func(ctx context.Context, c goredis.Cmdable) error {
 		err := c.FunctionLoad(ctx, b.lib).Err()
 		if err != nil && !strings.Contains(err.Error(), "already exists") {
+			if Refusing(err) && b.hasLibrary(ctx, c) {
+				return nil
+			}
 			return fmt.Errorf("redis: loading the decision functions: %w", err)
 		}
 		return nil
@@ -224,6 +229,27 @@ func (b *Backend) loadLibrary(ctx context.Context) error {
 		})
 	}
 	return load(ctx, b.client)
+}
+
+// hasLibrary reports whether the server c holds the function library,
+// asking with FUNCTION LIST, which a full Redis still answers.
+func (b *Backend) hasLibrary(ctx context.Context, c goredis.Cmdable) bool {
+	libs, err := c.FunctionList(ctx, goredis.FunctionListQuery{LibraryNamePattern: b.libName}).Result()
+	return err == nil && len(libs) == 1 && libs[0].Name == b.libName
+}
+
+// Refusing reports whether err is Redis answering that it takes no writes
+// for now: it is full (OOM: maxmemory reached with the noeviction policy)
+// or still loading its dataset (LOADING). Such a Redis is up: ratelimitd
+// starts, decides by the failure mode while the decisions (writes) are
+// refused, and loads the decision functions once they are taken.
+func Refusing(err error) bool {
+	var reply goredis.Error
+	if err == nil || !errors.As(err, &reply) {
+		return false
+	}
+	msg := reply.Error()
+	return strings.HasPrefix(msg, "OOM ") || strings.HasPrefix(msg, "LOADING ")
 }
 
 // unsupported reports whether err, from loading or calling a function,

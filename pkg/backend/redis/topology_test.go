@@ -424,13 +424,57 @@ func TestNewClientRefusesBadConfig(t *testing.T) {
 // TestRedactURL hides passwords, also in lists of URLs.
 func TestRedactURL(t *testing.T) {
 	for in, want := range map[string]string{
-		"redis://localhost:6379":                      "redis://localhost:6379",
-		"redis://user:hunter2@h:1/0":                  "redis://user:xxxxx@h:1/0",
-		"rediss://:hunter2@a:1,rediss://:hunter2@b:2": "rediss://:xxxxx@a:1,rediss://:xxxxx@b:2",
-		"redis://us er:hunter2@h:1":                   "<unparsable URL hidden: it may hold a password>",
+		"redis://localhost:6379":                        "redis://localhost:6379",
+		"redis://user:hunter2@h:1/0":                    "redis://user:xxxxx@h:1/0",
+		"rediss://:hunter2@a:1,rediss://:hunter2@b:2":   "rediss://:xxxxx@a:1,rediss://:xxxxx@b:2",
+		"redis://us er:hunter2@h:1":                     "<unparsable URL hidden: it may hold a password>",
+		"redis://h:6379/0?password=hunter2":             "redis://h:6379/0?password=xxxxx",
+		"redis://h:1/0?db=0&Auth_Token=hunter2":         "redis://h:1/0?Auth_Token=xxxxx&db=0",
+		"redis://h:1,redis://h:2?sentinel_pass=hunter2": "redis://h:1,redis://h:2?sentinel_pass=xxxxx",
+		"redis://h:1/0?dial_timeout=1s":                 "redis://h:1/0?dial_timeout=1s",
+		"redis://h:1/0?password=%zz":                    "redis://h:1/0?<unparsable query hidden>",
+		"redis://h:1 /0?password=hunter2":               "<unparsable URL hidden: it may hold a password>",
 	} {
 		if got := RedactURL(in); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestErrorsHideThePassword: no error of NewClient or Dial shows a
+// password given in the URL, as user info or as a query parameter, in any
+// mode, whatever is wrong with the URL or the server.
+func TestErrorsHideThePassword(t *testing.T) {
+	dead := redistest.StartNode(t)
+	dead.Kill(t)
+	urls := []string{
+		"redis://h:6379/0?password=hunter2",
+		"redis://h:6379/0?password=hunter2&db=x",
+		"redis://:hunter2@h:6379/0?unknown=1",
+		"redis://u:hunter2@h:6379/99999999999999999999",
+		"rediss://u:hunter2@h:6379/0?skip_verify=maybe",
+		"redis://u:hunter2@h:notaport/0",
+		"redis://u:hunter2@ho st:6379/0",
+		"redis://h:1,redis://u:hunter2@h:2?dial_timeout=x",
+		"redis://h:1,rediss://u:hunter2@h:2",
+		"redis://u:hunter2@" + dead.Addr,
+		"redis://" + dead.Addr + "?password=hunter2",
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, u := range urls {
+		for _, mode := range []Mode{Standalone, Sentinel, Cluster} {
+			_, err := Dial(ctx, Config{URL: u, Mode: mode, MasterName: "m", DialTimeout: 100 * time.Millisecond}, Options{})
+			if err == nil {
+				t.Errorf("Dial(%s) in %s mode succeeded", RedactURL(u), mode)
+				continue
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("Dial in %s mode: %v", mode, err)
+			}
+			if strings.Contains(u, "?password=") && !strings.Contains(u, dead.Addr) && !strings.Contains(err.Error(), "user info") {
+				t.Errorf("Dial in %s mode: %v; want a hint to give the password as user info", mode, err)
+			}
 		}
 	}
 }
