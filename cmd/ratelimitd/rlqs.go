@@ -22,10 +22,10 @@ var (
 	rlqsReportsDesc     = rlqsDesc("reports_total", "Usage reports received.")
 	rlqsPushesDesc      = rlqsDesc("reload_pushes_total", "Responses pushed to a stream without a report, after a rule reload changed its buckets' assignments.")
 	rlqsRebalancesDesc  = rlqsDesc("rebalance_pushes_total", "Responses pushed to a stream without a report, after the budget store showed its buckets' shares moved (a stream ended, another replica's demand changed or it freed budget).")
-	rlqsAssignmentsDesc = rlqsDesc("assignments_total", "Bucket actions sent, by kind: rate (requests per time unit), allow_all, deny_all, abandon.", "kind")
+	rlqsAssignmentsDesc = rlqsDesc("assignments_total", "Bucket actions sent, by the strategy sent: token_bucket (a share of a limit), allow_all, deny_all, abandon.", "kind")
 	rlqsErrorsDesc      = rlqsDesc("stream_errors_total", "Streams the server ended with an error, by gRPC code: InvalidArgument or ResourceExhausted for bad input, Unavailable at shutdown.", "code")
-	rlqsHeldDesc        = rlqsDesc("budget_held", "Budget this replica holds in the backend for the buckets the rule decides (requests per Envoy time unit, summed): its leases, out of which its streams are assigned.", "domain", "rule")
-	rlqsAssignedDesc    = rlqsDesc("assigned", "What this replica's streams are assigned, still in force, for the buckets the rule decides (requests per Envoy time unit, summed).", "domain", "rule")
+	rlqsHeldDesc        = rlqsDesc("budget_held", "Budget this replica holds in the backend for the buckets the rule decides (units of the rule's limit, summed; POST /explain/rlqs tells a bucket's units and period): its leases, out of which its streams are assigned.", "domain", "rule")
+	rlqsAssignedDesc    = rlqsDesc("assigned", "What this replica's streams are assigned, still in force, for the buckets the rule decides (units of the rule's limit, summed).", "domain", "rule")
 	rlqsBudgetOpsDesc   = rlqsDesc("budget_operations_total", "Operations sent to the backend holding the budgets, by op: take (a lease, or an announcement where the budget is contended), give (a lease back), read (a contended budget and its announcements).", "op")
 	rlqsBudgetFailDesc  = rlqsDesc("budget_failures_total", "Calls to the backend holding the budgets that failed: reports then answered with this replica's share alone.")
 	rlqsUsageDesc       = rlqsDesc("rule_usage", "Requests per second the streams of this replica report allowed for buckets the rule decides, at their latest reports; sum over replicas for the rule's global usage.", "domain", "rule")
@@ -59,7 +59,7 @@ func (m rlqsMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(rlqsPushesDesc, prometheus.CounterValue, float64(st.Pushes))
 	ch <- prometheus.MustNewConstMetric(rlqsRebalancesDesc, prometheus.CounterValue, float64(st.Rebalances))
 	for kind, n := range map[string]uint64{
-		"rate": st.Assignments.Rate, "allow_all": st.Assignments.AllowAll,
+		"token_bucket": st.Assignments.TokenBucket, "allow_all": st.Assignments.AllowAll,
 		"deny_all": st.Assignments.DenyAll, "abandon": st.Assignments.Abandon,
 	} {
 		ch <- prometheus.MustNewConstMetric(rlqsAssignmentsDesc, prometheus.CounterValue, float64(n), kind)

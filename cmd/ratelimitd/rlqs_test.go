@@ -12,6 +12,7 @@ import (
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,7 +31,7 @@ func reportAlice(t *testing.T, p *inProcess) (*rlqssim.Client, map[string]string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	c, err := rlqssim.New(conn, "posts", time.Second, rlqssim.WithManualReports())
+	c, err := rlqssim.New(conn, "posts", rlqssim.WithManualReports())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,17 +56,20 @@ func reportAlice(t *testing.T, p *inProcess) (*rlqssim.Client, map[string]string
 func TestServeRLQS(t *testing.T) {
 	p := startServe(t, true, "-config", "../../examples", "-shutdown-timeout", "20s")
 	c, bucket := reportAlice(t, p)
-	if got := c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit(); got != 2 {
-		t.Fatalf("assignment %v, want 2 per second (posts_per_user, the only stream)", c.Assignment(bucket))
+	if got := perSecond(c.Assignment(bucket)); got != 2 {
+		t.Fatalf("assignment %v, want a token bucket of 2 per second (posts_per_user, the only stream)", c.Assignment(bucket))
 	}
+	// Two reports: the bucket's, sent as soon as it was created (as
+	// Envoy's), and the periodic one; each answered with a token bucket
+	// of the limit's 1,000 units per 500 s.
 	m := p.get(t, "/metrics")
 	for _, want := range []string{
-		"ratelimitd_rlqs_streams 1\n", "ratelimitd_rlqs_buckets 1\n", "ratelimitd_rlqs_reports_total 1\n",
-		`ratelimitd_rlqs_assignments_total{kind="rate"} 1` + "\n", `ratelimitd_rlqs_assignments_total{kind="abandon"} 0` + "\n",
-		`ratelimitd_rlqs_rule_usage{domain="posts",rule="posts.user_id"} 20` + "\n",
-		`ratelimitd_rlqs_budget_held{domain="posts",rule="posts.user_id"} 2` + "\n",
-		`ratelimitd_rlqs_assigned{domain="posts",rule="posts.user_id"} 2` + "\n",
-		`ratelimitd_rlqs_budget_operations_total{op="take"} 1` + "\n",
+		"ratelimitd_rlqs_streams 1\n", "ratelimitd_rlqs_buckets 1\n", "ratelimitd_rlqs_reports_total 2\n",
+		`ratelimitd_rlqs_assignments_total{kind="token_bucket"} 2` + "\n", `ratelimitd_rlqs_assignments_total{kind="abandon"} 0` + "\n",
+		`ratelimitd_rlqs_rule_usage{domain="posts",rule="posts.user_id"} `,
+		`ratelimitd_rlqs_budget_held{domain="posts",rule="posts.user_id"} 1000` + "\n",
+		`ratelimitd_rlqs_assigned{domain="posts",rule="posts.user_id"} 1000` + "\n",
+		`ratelimitd_rlqs_budget_operations_total{op="take"} `,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %q:\n%s", want, grepLines(m, "ratelimitd_rlqs_"))
@@ -80,8 +84,8 @@ func TestServeRLQS(t *testing.T) {
 	var e rlqs.Explanation
 	err = json.NewDecoder(resp.Body).Decode(&e)
 	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK || e.Rule == nil || e.Rule.Name != "posts_per_user" || e.Replica == nil || e.Replica.Streams != 1 || e.Budget == nil || e.Budget.Held != 2 {
-		t.Errorf("explain alice: %d %+v (%v): want rule posts_per_user, one stream, 2 held", resp.StatusCode, e, err)
+	if err != nil || resp.StatusCode != http.StatusOK || e.Rule == nil || e.Rule.Name != "posts_per_user" || e.Replica == nil || e.Replica.Streams != 1 || e.Budget == nil || e.Budget.Held != 1000 {
+		t.Errorf("explain alice: %d %+v (%v): want rule posts_per_user, one stream, 1,000 units held", resp.StatusCode, e, err)
 	}
 	start := time.Now()
 	if code := p.stop(t); code != exitOK {
@@ -133,17 +137,28 @@ func TestServeRLQSReloadPushes(t *testing.T) {
 	rules(2)
 	p := startServe(t, true, "-config", dir, "-rlqs", "-watch-config")
 	c, bucket := reportAlice(t, p)
-	if got := c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit(); got != 2 {
+	if got := perSecond(c.Assignment(bucket)); got != 2 {
 		t.Fatalf("assignment %v, want 2 per second", c.Assignment(bucket))
 	}
 	rules(7)
 	deadline := time.Now().Add(20 * time.Second)
-	for c.Assignment(bucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit() != 7 {
+	for perSecond(c.Assignment(bucket)) != 7 {
 		if time.Now().After(deadline) {
 			t.Fatalf("20s after the rule file changed to 7/s: assignment %v, never pushed", c.Assignment(bucket))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// perSecond is the rate of a token bucket assignment as Envoy computes it:
+// tokens_per_fill over the whole seconds of fill_interval; 0 for anything
+// else.
+func perSecond(s *typev3.RateLimitStrategy) float64 {
+	tb := s.GetTokenBucket()
+	if tb == nil {
+		return 0
+	}
+	return float64(tb.GetTokensPerFill().GetValue()) / float64(tb.GetFillInterval().GetSeconds())
 }
 
 // grepLines returns the lines of s holding sub.
@@ -159,9 +174,10 @@ func grepLines(s, sub string) string {
 
 // TestServeRLQSFlags: the -rlqs-* flags reach the server: a bucket no rule
 // names is denied, a stream reporting one request is assigned the whole
-// limit (no headroom cap), and assignments live for the TTL given.
+// limit (no headroom cap) with a burst of 3 s of it, and assignments live
+// for the TTL given.
 func TestServeRLQSFlags(t *testing.T) {
-	p := startServe(t, true, "-config", "../../examples", "-rlqs-default", "deny", "-rlqs-headroom", "+Inf", "-rlqs-assignment-ttl", "7s")
+	p := startServe(t, true, "-config", "../../examples", "-rlqs-default", "deny", "-rlqs-headroom", "+Inf", "-rlqs-assignment-ttl", "7s", "-rlqs-burst", "3s")
 	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -191,13 +207,13 @@ func TestServeRLQSFlags(t *testing.T) {
 		}
 		s := qa.GetRateLimitStrategy()
 		desc := s.GetBlanketRule().String()
-		if rp := s.GetRequestsPerTimeUnit(); rp != nil {
-			desc = fmt.Sprintf("%d per %v", rp.GetRequestsPerTimeUnit(), rp.GetTimeUnit())
+		if tb := s.GetTokenBucket(); tb != nil {
+			desc = fmt.Sprintf("%d per %v max %d", tb.GetTokensPerFill().GetValue(), tb.GetFillInterval().AsDuration(), tb.GetMaxTokens())
 		}
 		got[fmt.Sprint(a.GetBucketId().GetBucket())] = desc
 	}
-	want := map[string]string{"map[user_id:alice]": "2 per SECOND", "map[nobody:x]": "DENY_ALL"}
+	want := map[string]string{"map[user_id:alice]": "1000 per 8m20s max 6", "map[nobody:x]": "DENY_ALL"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("assignments %v, want %v (the whole limit of 2/s for one request reported: -rlqs-headroom +Inf; DENY_ALL for no rule: -rlqs-default deny)", got, want)
+		t.Errorf("assignments %v, want %v (the whole limit of 2/s, 1,000 units per 500 s, for one request reported: -rlqs-headroom +Inf; 3 s of it at once: -rlqs-burst; DENY_ALL for no rule: -rlqs-default deny)", got, want)
 	}
 }

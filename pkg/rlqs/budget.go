@@ -41,7 +41,7 @@ import (
 // file can name a key holding a NUL byte.
 const budgetMark = "\x00rlqs"
 
-// budgetLimit is the store's limit for a pool limit of l per unit.
+// budgetLimit is the store's limit for a pool limit of l per period.
 func budgetLimit(l uint64) algo.Limit {
 	return algo.Limit{Algorithm: algo.TokenBucket, Requests: l, Window: time.Millisecond, Burst: l}
 }
@@ -225,7 +225,7 @@ func (p *pool) renewal(contended bool, interval time.Duration) bool {
 	if !l.announced {
 		return true
 	}
-	if p.target > held && l.free > 0 && p.demand*unitSeconds(p.unit) >= 0.9*float64(held) {
+	if p.target > held && l.free > 0 && p.demand*float64(p.period) >= 0.9*float64(held) {
 		return true
 	}
 	if held > p.target+p.target/4 {

@@ -3,10 +3,13 @@ package rlqs_test
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
@@ -17,7 +20,7 @@ import (
 // TestReplicasShareOneBudget runs two servers (replicas) on one shared
 // store, two simulated Envoys on each, all offering twice the fair share of
 // 100/s, for 20 simulated seconds: the assignments across both replicas
-// never sum to more than 100, what they admit stays within L·T + L, each
+// never sum to more than 100, what they admit stays within the bound, each
 // stream gets about a quarter, and when one ends, the others take its
 // share within two intervals.
 func TestReplicasShareOneBudget(t *testing.T) {
@@ -29,7 +32,7 @@ func TestReplicasShareOneBudget(t *testing.T) {
 	clients := []*rlqssim.Client{r1.sim(t), r1.sim(t), r2.sim(t), r2.sim(t)}
 	const seconds, limit = 20, 100
 	rates := []float64{50, 50, 50, 50}
-	sum := func(cs []*rlqssim.Client) uint64 {
+	sum := func(cs []*rlqssim.Client) float64 {
 		_, n := settled(cs...)
 		return n
 	}
@@ -38,23 +41,24 @@ func TestReplicasShareOneBudget(t *testing.T) {
 		for _, n := range drive(t, r1, clients, rates) {
 			total += n
 		}
-		if n := sum(clients); n > limit {
-			t.Fatalf("second %d: assignments across replicas sum to %d, over %d", s, n, limit)
+		if n := sum(clients); overLimit(n, limit) {
+			t.Fatalf("second %d: assignments across replicas sum to %v, over %d", s, n, limit)
 		}
 	}
-	if bound := limit*seconds + limit; total > bound {
-		t.Fatalf("admitted %d in %ds across replicas, over the bound %d", total, seconds, bound)
+	b := bound(limit, seconds, clients...)
+	if float64(total) > b {
+		t.Fatalf("admitted %d in %ds across replicas, over the bound %.0f", total, seconds, b)
 	}
 	if total < limit*seconds*7/10 {
 		t.Fatalf("admitted %d in %ds: under 70%% of the limit while demand is twice it", total, seconds)
 	}
 	for i, c := range clients {
 		if sh := share(c); sh < 15 || sh > 35 {
-			t.Errorf("client %d (replica %d): share %d, want about 25", i, i/2+1, sh)
+			t.Errorf("client %d (replica %d): share %v, want about 25", i, i/2+1, sh)
 		}
 	}
-	t.Logf("admitted %d in %d s across 2 replicas (limit %d/s, bound %d); shares %d %d %d %d",
-		total, seconds, limit, limit*seconds+limit, share(clients[0]), share(clients[1]), share(clients[2]), share(clients[3]))
+	t.Logf("admitted %d in %d s across 2 replicas (limit %d/s, bound %.0f); shares %v %v %v %v",
+		total, seconds, limit, b, share(clients[0]), share(clients[1]), share(clients[2]), share(clients[3]))
 
 	// One Envoy of replica 2 leaves: its lease goes back, the others take it.
 	clients[3].Close()
@@ -68,14 +72,14 @@ func TestReplicasShareOneBudget(t *testing.T) {
 	rest := clients[:3]
 	for i := 1; i <= 2; i++ {
 		drive(t, r1, rest, rates[:3])
-		if n := sum(rest); n > limit {
-			t.Fatalf("assignments sum to %d, over %d", n, limit)
+		if n := sum(rest); overLimit(n, limit) {
+			t.Fatalf("assignments sum to %v, over %d", n, limit)
 		} else if n >= 95 {
-			t.Logf("%d interval(s) after a stream ended, the other three hold %d", i, n)
+			t.Logf("%d interval(s) after a stream ended, the other three hold %v", i, n)
 			return
 		}
 	}
-	t.Fatalf("two intervals after a stream ended: the others hold %d, want about 100", sum(rest))
+	t.Fatalf("two intervals after a stream ended: the others hold %v, want about 100", sum(rest))
 }
 
 // TestSharesFollowDemandAcrossReplicas puts one simulated Envoy on each of
@@ -94,11 +98,11 @@ func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 	phases := []struct {
 		rates  []float64
 		reason string
-		ok     func(sa, sb uint64) bool
+		ok     func(sa, sb float64) bool
 	}{
-		{[]float64{160, 40}, "about 4:1 summing to about 100", func(sa, sb uint64) bool { return sa >= 3*sb && sa+sb >= 90 }},
-		{[]float64{40, 160}, "about 1:4 summing to about 100", func(sa, sb uint64) bool { return sb >= 3*sa && sa+sb >= 90 }},
-		{[]float64{0, 160}, "the floor (5) to the idle one, the rest to the busy one", func(sa, sb uint64) bool { return sa <= 5 && sb >= 90 }},
+		{[]float64{160, 40}, "about 4:1 summing to about 100", func(sa, sb float64) bool { return sa >= 3*sb && sa+sb >= 90 }},
+		{[]float64{40, 160}, "about 1:4 summing to about 100", func(sa, sb float64) bool { return sb >= 3*sa && sa+sb >= 90 }},
+		{[]float64{0, 160}, "the floor (5) to the idle one, the rest to the busy one", func(sa, sb float64) bool { return sa <= 5 && sb >= 90 }},
 	}
 	for _, ph := range phases {
 		followed := -1
@@ -106,8 +110,8 @@ func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 			drive(t, r1, clients, ph.rates)
 			s, _ := settled(a, b)
 			sa, sb := s[0], s[1]
-			if sa+sb > 100 {
-				t.Fatalf("demand %v, round %d: shares %d + %d exceed the limit 100", ph.rates, round, sa, sb)
+			if overLimit(sa+sb, 100) {
+				t.Fatalf("demand %v, round %d: shares %v + %v exceed the limit 100", ph.rates, round, sa, sb)
 			}
 			if followed < 0 && ph.ok(sa, sb) {
 				followed = round + 1
@@ -116,7 +120,7 @@ func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 		s, _ := settled(a, b)
 		sa, sb := s[0], s[1]
 		if followed < 0 || !ph.ok(sa, sb) {
-			t.Fatalf("demand %v across replicas: shares %d:%d after 8 intervals, want %s", ph.rates, sa, sb, ph.reason)
+			t.Fatalf("demand %v across replicas: shares %v:%v after 8 intervals, want %s", ph.rates, sa, sb, ph.reason)
 		}
 		// A swap of demand moves the smoothed demands half-way per report,
 		// each replica sees the other's one report late, and a stream
@@ -124,7 +128,7 @@ func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 		if followed > 6 {
 			t.Errorf("demand %v across replicas: shares followed after %d intervals, want at most 6", ph.rates, followed)
 		}
-		t.Logf("demand %v: shares %d:%d, followed within %d interval(s)", ph.rates, sa, sb, followed)
+		t.Logf("demand %v: shares %v:%v, followed within %d interval(s)", ph.rates, sa, sb, followed)
 	}
 }
 
@@ -135,7 +139,7 @@ func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 // then one Envoy leaving and a new one taking its place on a random
 // replica. At every interval the assignments in force on the connected
 // Envoys sum to at most the limit, and over the run they admit at most
-// L·T plus L for each limiter that started full.
+// the bound: L·T plus what their token buckets started with.
 func TestBudgetNeverOversubscribed(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -148,9 +152,10 @@ func TestBudgetNeverOversubscribed(t *testing.T) {
 	for i := range clients {
 		clients[i] = replicas[i%len(replicas)].sim(t)
 	}
+	all := slices.Clone(clients)
 	rates := make([]float64, len(clients))
 	const rounds, limit = 80, 100
-	total, starts := 0, len(clients)
+	total := 0
 	for round := range rounds {
 		for i := range rates {
 			switch rng.IntN(8) {
@@ -166,19 +171,19 @@ func TestBudgetNeverOversubscribed(t *testing.T) {
 			i := rng.IntN(len(clients))
 			clients[i].Close()
 			clients[i] = replicas[rng.IntN(len(replicas))].sim(t)
-			starts++
+			all = append(all, clients[i])
 		}
 		for _, n := range drive(t, replicas[0], clients, rates) {
 			total += n
 		}
-		if _, sum := settled(clients...); sum > limit {
-			t.Fatalf("seed %d, interval %d: assignments in force sum to %d, over %d (rates %v)", seed, round, sum, limit, rates)
+		if _, sum := settled(clients...); overLimit(sum, limit) {
+			t.Fatalf("seed %d, interval %d: assignments in force sum to %v, over %d (rates %v)", seed, round, sum, limit, rates)
 		}
 	}
-	if bound := limit*rounds + limit*starts; total > bound {
-		t.Fatalf("seed %d: admitted %d in %d s, over the bound %d", seed, total, rounds, bound)
+	if b := bound(limit, rounds, all...); float64(total) > b {
+		t.Fatalf("seed %d: admitted %d in %d s, over the bound %.0f", seed, total, rounds, b)
 	}
-	t.Logf("admitted %d in %d s (limit %d/s), %d Envoys started", total, rounds, limit, starts)
+	t.Logf("admitted %d in %d s (limit %d/s, bound %.0f), %d Envoys started", total, rounds, limit, bound(limit, rounds, all...), len(all))
 }
 
 // gate is a budget store whose calls, while it is shut, wait until it
@@ -234,27 +239,29 @@ func TestPlentifulRenewalBehindTheAnswer(t *testing.T) {
 	st := f.rawStream(t)
 	report := func() {
 		t.Helper()
-		resp, err := exchange(t, st, "quota", usage(10, 0, "name", "acme", "route", "/pay"))
+		u := usage(50, 0, "name", "acme", "route", "/pay")
+		u.TimeElapsed = durationpb.New(rlqs.DefaultReportingInterval)
+		resp, err := exchange(t, st, "quota", u)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a := resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy(); a.GetRequestsPerTimeUnit().GetRequestsPerTimeUnit() == 0 {
+		if a := resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy(); rate(a) == 0 {
 			t.Fatalf("assigned %s, want a share of 100/s", describe(a))
 		}
 	}
 	report() // the pool's first lease: this answer waits for it
 	g.shut()
 	for i := range 12 {
-		clk.Advance(time.Second)
-		report() // a report that waited for the shut store would never be answered
+		clk.Advance(rlqs.DefaultReportingInterval) // Envoy's cadence
+		report()                                   // a report that waited for the shut store would never be answered
 		deadline := time.Now().Add(200 * time.Millisecond)
 		for g.inside.Load() == 0 && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
 		if g.inside.Load() > 0 {
-			t.Logf("report %d, %d s after the first lease, was answered while its pool's renewal waits for the store", i+2, i+1)
+			t.Logf("report %d, %v after the first lease, was answered while its pool's renewal waits for the store", i+2, time.Duration(i+1)*rlqs.DefaultReportingInterval)
 			g.reopen()
-			clk.Advance(time.Second)
+			clk.Advance(rlqs.DefaultReportingInterval)
 			report()
 			return
 		}

@@ -73,8 +73,8 @@ func TestExampleFilterConfig(t *testing.T) {
 		bucket  map[string]string
 		want    string
 	}{
-		{map[string]string{"name": "acme", "route": fromRequest}, map[string]string{"name": "acme", "route": "/pay"}, "100/SECOND"},
-		{map[string]string{"name": fromRequest}, map[string]string{"name": "bigcorp"}, "600/MINUTE"},
+		{map[string]string{"name": "acme", "route": fromRequest}, map[string]string{"name": "acme", "route": "/pay"}, "1000/10s max 100"},
+		{map[string]string{"name": fromRequest}, map[string]string{"name": "bigcorp"}, "1200/2m0s max 10"},
 		{map[string]string{"name": "other"}, map[string]string{"name": "other"}, "ALLOW_ALL"},
 	}
 	if len(built) != len(examples) {

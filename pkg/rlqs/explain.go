@@ -11,6 +11,8 @@ import (
 	"slices"
 	"time"
 
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
@@ -52,10 +54,38 @@ type ExplainRule struct {
 	Unlimited bool   `json:"unlimited,omitempty"`
 }
 
-// ExplainLimit is a rule's limit as Envoy is assigned it.
+// ExplainLimit is a rule's limit as RLQS shares it: Units per Period,
+// shared among the streams as whole units.
 type ExplainLimit struct {
-	RequestsPerTimeUnit uint64 `json:"requestsPerTimeUnit"`
-	TimeUnit            string `json:"timeUnit"`
+	Units  uint64 `json:"units"`
+	Period string `json:"period"`
+	// TokenBucket is the whole limit as the token bucket Envoy would be
+	// assigned: a stream sharing the bucket with no other, demanding it
+	// all, gets this; the others a share of it.
+	TokenBucket ExplainTokenBucket `json:"tokenBucket"`
+}
+
+// ExplainTokenBucket is an assignment as Envoy's rate_limit_quota filter
+// applies it: a token bucket of MaxTokens, refilled with TokensPerFill
+// every FillInterval, so PerSecond requests a second.
+type ExplainTokenBucket struct {
+	MaxTokens     uint32  `json:"maxTokens"`
+	TokensPerFill uint32  `json:"tokensPerFill"`
+	FillInterval  string  `json:"fillInterval"`
+	PerSecond     float64 `json:"perSecond"`
+}
+
+// explainTokenBucket describes token bucket strategy st (nil: not one).
+func explainTokenBucket(st *typev3.RateLimitStrategy) *ExplainTokenBucket {
+	tb := st.GetTokenBucket()
+	if tb == nil {
+		return nil
+	}
+	iv := tb.GetFillInterval().AsDuration()
+	return &ExplainTokenBucket{
+		MaxTokens: tb.GetMaxTokens(), TokensPerFill: tb.GetTokensPerFill().GetValue(),
+		FillInterval: iv.String(), PerSecond: float64(tb.GetTokensPerFill().GetValue()) / iv.Seconds(),
+	}
 }
 
 // ExplainPool is what this replica holds of one bucket's limit.
@@ -82,8 +112,11 @@ type ExplainMember struct {
 	Demand   float64 `json:"demand"`
 	Target   uint64  `json:"target"`
 	Assigned uint64  `json:"assigned"`
-	// InForceFor is how long its assignment still counts.
-	InForceFor string `json:"inForceFor,omitempty"`
+	// InForceFor is how long its assignment still counts, and
+	// TokenBucket the token bucket it was sent (none for an assignment
+	// of 0, sent as DENY_ALL).
+	InForceFor  string              `json:"inForceFor,omitempty"`
+	TokenBucket *ExplainTokenBucket `json:"tokenBucket,omitempty"`
 }
 
 // ExplainLease is the lease a replica holds for one bucket.
@@ -175,8 +208,12 @@ func (s *Server) Explain(ctx context.Context, domain string, id map[string]strin
 		}
 	case decidedByRule:
 		e.Decision = "rule"
-		e.Limit = &ExplainLimit{RequestsPerTimeUnit: d.limit, TimeUnit: d.unit.String()}
-		e.Why = append(e.Why, fmt.Sprintf("assignment: a share of %d per %v, the rule's most restrictive limit in Envoy's longest unit not longer than its window", d.limit, d.unit))
+		period := time.Duration(d.period) * time.Second
+		whole := explainTokenBucket(tokenBucket(d.limit, d.period, s.opts.Burst))
+		e.Limit = &ExplainLimit{Units: d.limit, Period: period.String(), TokenBucket: *whole}
+		e.Why = append(e.Why, fmt.Sprintf("assignment: a share of %d units per %v (the rule's most restrictive limit, in at least %d units), sent as a token bucket of that many tokens per %v; "+
+			"alone, a stream would get max_tokens %d, tokens_per_fill %d, fill_interval %v (%.4g requests a second)",
+			d.limit, period, minUnits, period, whole.MaxTokens, whole.TokensPerFill, whole.FillInterval, whole.PerSecond))
 	}
 	if d.kind != decidedByRule {
 		return e, nil
@@ -220,6 +257,7 @@ func (p *pool) explain(now time.Time, budget bool) *ExplainPool {
 		em := ExplainMember{Stream: id, Demand: m.demand, Target: m.target, Assigned: m.assigned}
 		if m.assigned > 0 && now.Before(m.until) {
 			em.InForceFor = m.until.Sub(now).String()
+			em.TokenBucket = explainTokenBucket(m.sent)
 		}
 		ep.Members = append(ep.Members, em)
 	}

@@ -33,8 +33,11 @@ func TestExplain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.Decision != "rule" || e.Rule == nil || e.Rule.ID != "quota.name_acme.route" || e.Limit == nil || e.Limit.RequestsPerTimeUnit != 100 || e.Limit.TimeUnit != "SECOND" {
-		t.Fatalf("explanation %+v: want rule quota.name_acme.route at 100 per SECOND", e)
+	if e.Decision != "rule" || e.Rule == nil || e.Rule.ID != "quota.name_acme.route" || e.Limit == nil || e.Limit.Units != 1000 || e.Limit.Period != "10s" {
+		t.Fatalf("explanation %+v: want rule quota.name_acme.route shared as 1,000 units per 10s", e)
+	}
+	if tb := e.Limit.TokenBucket; tb.TokensPerFill != 1000 || tb.FillInterval != "10s" || tb.MaxTokens != 100 || tb.PerSecond != 100 {
+		t.Fatalf("the whole limit as a token bucket: %+v, want 1000 per 10s, max 100 (1 s of 100/s)", tb)
 	}
 	if got := e.Descriptor; len(got) != 2 || got[0] != [2]string{"name", "acme"} || got[1] != [2]string{"route", "/pay"} {
 		t.Errorf("descriptor %v, want the entries sorted by key", got)
@@ -46,15 +49,19 @@ func TestExplain(t *testing.T) {
 	var assigned uint64
 	for _, m := range rep.Members {
 		assigned += m.Assigned
+		// Each member's token bucket is its assignment, as sent.
+		if tb := m.TokenBucket; tb == nil || uint64(tb.TokensPerFill) != m.Assigned || tb.FillInterval != "10s" {
+			t.Errorf("member %+v: its token bucket should be its assignment per 10s", m)
+		}
 	}
 	if rep.Assigned != assigned || rep.Assigned > rep.Lease.Held {
 		t.Errorf("replica: assigned %d, members' %d, lease %d: the assignments must be the members' and within the lease", rep.Assigned, assigned, rep.Lease.Held)
 	}
 	b := e.Budget
-	if b == nil || b.Error != "" || b.Limit != 100 || b.Held+b.Free != 100 || b.Held < rep.Lease.Held {
-		t.Fatalf("budget %+v: want the limit 100 split into held (at least replica 1's %d) and free", b, rep.Lease.Held)
+	if b == nil || b.Error != "" || b.Limit != 1000 || b.Held+b.Free != 1000 || b.Held < rep.Lease.Held {
+		t.Fatalf("budget %+v: want the limit 1000 split into held (at least replica 1's %d) and free", b, rep.Lease.Held)
 	}
-	if b.Held < 90 || b.Streams != 3 {
+	if b.Held < 900 || b.Streams != 3 {
 		t.Errorf("3 streams offering 180/s of 100/s: held %d, announced streams %v; want nearly all the limit held, and 3", b.Held, b.Streams)
 	}
 	again, err := r1.srv.Explain(ctx, "quota", acmeBucket)
@@ -75,7 +82,7 @@ func TestExplain(t *testing.T) {
 		{"elsewhere", map[string]string{"name": "acme"}, "default", "not defined by any rule file"},
 		{"quota", map[string]string{"unlimited": "x"}, "allow_all", "ALLOW_ALL"},
 		{"quota", map[string]string{"closed": "x"}, "deny_all", "DENY_ALL"},
-		{"quota", map[string]string{"name": "bigcorp"}, "rule", "60 per MINUTE"},
+		{"quota", map[string]string{"name": "bigcorp"}, "rule", "1020 units per 17m0s"},
 	} {
 		e, err := r2.srv.Explain(ctx, c.domain, c.id)
 		if err != nil {

@@ -76,8 +76,8 @@ func TestReloadPushesChangedAssignments(t *testing.T) {
 	if a.GetBucketId().GetBucket()["name"] != "acme" {
 		t.Fatalf("pushed %v, want acme's bucket", a.GetBucketId())
 	}
-	if got := describe(a.GetQuotaAssignmentAction().GetRateLimitStrategy()); got != "50/SECOND" {
-		t.Fatalf("pushed %s, want 50/SECOND", got)
+	if got := describe(a.GetQuotaAssignmentAction().GetRateLimitStrategy()); got != "1000/20s max 50" {
+		t.Fatalf("pushed %s, want 1000/20s max 50 (50/s)", got)
 	}
 	if a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() <= 0 {
 		t.Fatal("pushed assignment has no TTL")
@@ -111,8 +111,8 @@ func TestReloadMovesBucketsBetweenRules(t *testing.T) {
 	}
 	rules.set(t, rulesYAML)
 	f.srv.Reload()
-	if push := recvWithin(t, st, 5*time.Second); push == nil || describe(push.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy()) != "100/SECOND" {
-		t.Fatalf("after the limit came back: pushed %v, want 100/SECOND", push)
+	if push := recvWithin(t, st, 5*time.Second); push == nil || describe(push.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy()) != "1000/10s max 100" {
+		t.Fatalf("after the limit came back: pushed %v, want 1000/10s max 100", push)
 	}
 }
 
@@ -133,14 +133,14 @@ func TestReloadPushWithBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := share(c); got != 100 {
-		t.Fatalf("share %d before the reload, want 100", got)
+		t.Fatalf("share %v before the reload, want 100", got)
 	}
-	waitShare := func(want uint64) {
+	waitShare := func(want float64) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
 		for share(c) != want {
 			if time.Now().After(deadline) {
-				t.Fatalf("share %d 5s after the reload, want %d pushed", share(c), want)
+				t.Fatalf("share %v 5s after the reload, want %v pushed", share(c), want)
 			}
 			time.Sleep(time.Millisecond)
 		}
@@ -148,6 +148,6 @@ func TestReloadPushWithBudget(t *testing.T) {
 	for _, limit := range []uint64{40, 200} {
 		rules.set(t, strings.Replace(rulesYAML, "requests_per_unit: 100, unit: second", "requests_per_unit: "+itoa(limit)+", unit: second", 1))
 		f.srv.Reload()
-		waitShare(limit)
+		waitShare(float64(limit))
 	}
 }

@@ -1,6 +1,7 @@
 package rlqs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,12 +25,13 @@ import (
 
 // Defaults of [Options].
 const (
-	DefaultReportingInterval = time.Second
+	DefaultReportingInterval = 5 * time.Second
+	DefaultBurst             = time.Second
 	DefaultAbandonAfter      = 3
 	DefaultMaxBuckets        = 1000
 	DefaultMaxStreamBuckets  = 10000
 	DefaultFloorFraction     = 0.1
-	DefaultSmoothing         = 0.5
+	DefaultSmoothing         = 1
 	DefaultHeadroom          = 2
 	DefaultBudgetTimeout     = time.Second
 	maxDomainLen             = 255
@@ -50,13 +52,25 @@ type Options struct {
 	// limits only what the rules name, as RLS does.
 	Default *typev3.RateLimitStrategy
 	// ReportingInterval is the reporting interval assumed for a bucket until
-	// its reports' time_elapsed tell the real one (Envoy's filter config
-	// reporting_interval). Default 1s.
+	// its reports tell the real one. Default 5s: Envoy's rate_limit_quota
+	// filter reports every 5 s whatever its reporting_interval says
+	// (initTlsStore in Envoy's
+	// source/extensions/filters/http/rate_limit_quota/filter_persistence.cc).
 	ReportingInterval time.Duration
-	// AssignmentTTL is the assignment_time_to_live of every assignment;
-	// 0 means twice the bucket's reporting interval, so one lost report
-	// does not expire an assignment and a silent client's does.
+	// AssignmentTTL is the assignment_time_to_live of every assignment, a
+	// whole number of seconds: Envoy reads only the seconds of it
+	// (startActionExpirationTimer in global_client_impl.cc), and 0 expires
+	// at once. 0 here means twice the bucket's reporting interval, rounded
+	// up to whole seconds: one lost report does not expire an assignment,
+	// and a silent client's does.
 	AssignmentTTL time.Duration
+	// Burst sets an assignment's max_tokens: its share's rate times Burst,
+	// at least 1 token and at most a period's share. Envoy starts each new
+	// token bucket full, so every change of a stream's assignment may
+	// admit that much on top of the rates (docs/rlqs.md, the bound): a
+	// shorter Burst bounds the overshoot tighter, a longer one lets
+	// Envoy pass bursts of traffic. Default 1s.
+	Burst time.Duration
 	// AbandonAfter is how many reporting intervals a stream may leave a
 	// bucket out of its reports before the server sends abandon_action and
 	// forgets it. Default 3.
@@ -134,6 +148,15 @@ func New(opts Options) (*Server, error) {
 	if opts.ReportingInterval <= 0 {
 		opts.ReportingInterval = DefaultReportingInterval
 	}
+	if opts.AssignmentTTL%time.Second != 0 || opts.AssignmentTTL < 0 {
+		return nil, fmt.Errorf("rlqs: Options.AssignmentTTL %v is not a whole number of seconds: Envoy reads only the seconds of assignment_time_to_live", opts.AssignmentTTL)
+	}
+	if opts.Burst <= 0 {
+		opts.Burst = DefaultBurst
+	}
+	if opts.Default.GetRequestsPerTimeUnit() != nil {
+		return nil, errors.New("rlqs: Options.Default is a requests_per_time_unit strategy, which Envoy's rate_limit_quota filter does not enforce (onQuotaResponseImpl in global_client_impl.cc skips it); use a blanket rule or a token bucket")
+	}
 	if opts.AbandonAfter <= 0 {
 		opts.AbandonAfter = DefaultAbandonAfter
 	}
@@ -206,6 +229,10 @@ type stream struct {
 	id      uint64
 	domain  string
 	buckets map[string]*streamBucket
+	// interval is the stream's reporting interval, as its reports last
+	// showed it (zero: not known yet). Envoy reports every bucket of a
+	// stream on one timer, so a new bucket starts from it.
+	interval time.Duration
 	// wake is signalled by Server.Reload (which sets reload), and when the
 	// shares of the buckets in moved did (both guarded by Server.mu): the
 	// stream's goroutine then pushes the assignments the new rules or
@@ -222,20 +249,26 @@ type streamBucket struct {
 	id       *rlqsv3.BucketId
 	interval time.Duration // the stream's reporting interval for the bucket
 	last     time.Time     // its last report
-	pool     *pool         // nil when the bucket shares no limit
-	poolKey  poolKey
-	decided  decision // what the last assignment was decided by
-	ref      ruleRef  // the rule that decided it, for usage
-	allowed  float64  // requests allowed per second, at its last report
+	reports  int           // reports of it received
+	// partial is set when its first report came as soon as the client
+	// created the bucket (time_elapsed 0, as Envoy's does), between two
+	// of the client's periodic reports: the time to its second report is
+	// then part of an interval only, and no interval is learnt from it.
+	partial bool
+	pool    *pool // nil when the bucket shares no limit
+	poolKey poolKey
+	decided decision // what the last assignment was decided by
+	ref     ruleRef  // the rule that decided it, for usage
+	allowed float64  // requests allowed per second, at its last report
 }
 
 // decision is what decides a bucket's assignment under the rules in force:
 // a reload that leaves it alone leaves the assignment alone.
 type decision struct {
-	kind  decisionKind
-	rule  string // the rule's ID, for decidedByRule
-	unit  typev3.RateLimitUnit
-	limit uint64
+	kind   decisionKind
+	rule   string // the rule's ID, for decidedByRule
+	period int64  // seconds
+	limit  uint64 // per period
 }
 
 type decisionKind uint8
@@ -255,11 +288,11 @@ func decisionFor(r *config.Rule) decision {
 	case r.Unlimited || r.ShadowMode:
 		return decision{kind: decidedAllow}
 	}
-	unit, limit := unitFor(r)
+	period, limit := periodFor(r)
 	if limit == 0 {
 		return decision{kind: decidedDeny}
 	}
-	return decision{kind: decidedByRule, rule: r.ID, unit: unit, limit: limit}
+	return decision{kind: decidedByRule, rule: r.ID, period: period, limit: limit}
 }
 
 // StreamRateLimitQuotas answers each usage report with one response: an
@@ -301,6 +334,10 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 		select {
 		case <-s.closing:
 			return s.failed(errClosing)
+		case <-st.Context().Done():
+			// The client went away; the receiver may have left with a
+			// report it could not hand over, without an error to send.
+			return st.Context().Err()
 		case err := <-failed:
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -565,25 +602,12 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 		b := ss.buckets[keys[i]]
 		first := b == nil
 		if first {
-			b = &streamBucket{desc: descs[i], key: keys[i], id: &rlqsv3.BucketId{Bucket: u.GetBucketId().GetBucket()}, interval: s.opts.ReportingInterval}
+			b = &streamBucket{desc: descs[i], key: keys[i], id: &rlqsv3.BucketId{Bucket: u.GetBucketId().GetBucket()}, interval: cmp.Or(ss.interval, s.opts.ReportingInterval)}
 			ss.buckets[keys[i]] = b
 			s.counts.buckets++
 		}
-		// Envoy's first report of a bucket comes as soon as the bucket is
-		// created, so its time_elapsed is not an interval: its count is
-		// spread over the assumed interval instead.
-		elapsed := u.GetTimeElapsed().AsDuration()
-		switch {
-		case first:
-			elapsed = b.interval
-		case elapsed > 0:
-			b.interval = elapsed
-		default:
-			elapsed = now.Sub(b.last)
-		}
-		elapsed = max(elapsed, time.Millisecond)
+		elapsed := s.elapsed(ss, b, u.GetTimeElapsed().AsDuration(), now)
 		rate := float64(u.GetNumRequestsAllowed()+u.GetNumRequestsDenied()) / elapsed.Seconds()
-		b.last = now
 
 		var r *config.Rule
 		if dom != nil {
@@ -592,9 +616,10 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 		s.track(b, refOf(ss, r), float64(u.GetNumRequestsAllowed())/elapsed.Seconds())
 		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, rate, now, &batch, &calls))
 	}
-	// Buckets the stream stopped reporting are abandoned.
+	// Buckets the stream stopped reporting are abandoned. A client
+	// reports its buckets on one timer, so the stream's interval counts.
 	for k, b := range ss.buckets {
-		if now.Sub(b.last) > time.Duration(s.opts.AbandonAfter)*b.interval {
+		if now.Sub(b.last) > time.Duration(s.opts.AbandonAfter)*cmp.Or(ss.interval, b.interval) {
 			resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{
 				BucketId:     b.id,
 				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
@@ -618,6 +643,37 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 		s.settle(batch, calls)
 	}
 	return nil
+}
+
+// elapsed returns the time the counts of a report of bucket b, received
+// at now with time_elapsed te, were gathered over, and learns the stream's
+// reporting interval from it. Envoy's time_elapsed is whole seconds,
+// truncated (getUsageFromBucket in Envoy's global_client_impl.cc), so the
+// time between the bucket's reports as received, within [te, te+1s), is
+// the finer measure. Envoy reports a new bucket at once, with
+// time_elapsed 0: its counts are then spread over the interval assumed,
+// and the time to its next report, the first periodic one, is part of an
+// interval only and teaches nothing. A first report with time_elapsed
+// (a client that reconnected) covers that much. Called with s.mu held.
+func (s *Server) elapsed(ss *stream, b *streamBucket, te time.Duration, now time.Time) time.Duration {
+	var elapsed time.Duration
+	switch {
+	case b.reports == 0 && te > 0:
+		elapsed = te
+	case b.reports == 0:
+		elapsed, b.partial = b.interval, true
+	default:
+		elapsed = now.Sub(b.last)
+		if te > 0 {
+			elapsed = min(max(elapsed, te), te+time.Second)
+		}
+		if b.reports > 1 || !b.partial {
+			b.interval, ss.interval = max(elapsed, time.Millisecond), max(elapsed, time.Millisecond)
+		}
+	}
+	b.reports++
+	b.last = now
+	return max(elapsed, time.Millisecond)
 }
 
 // waits reports whether an assignment waits for calls: a renewal whose
@@ -665,7 +721,7 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 			if p.lease.backs(p.limit, sent) {
 				budget = p.lease.held()
 			}
-			c.qa.RateLimitStrategy = c.m.strategy(p.assign(c.m, budget, math.MaxUint64, c.until), p.unit)
+			c.qa.RateLimitStrategy = c.m.strategy(p.assign(c.m, budget, math.MaxUint64, c.until), p.period, s.opts.Burst)
 		}
 		if err == nil && (was || c.p.lease.contended(c.p.limit)) {
 			// Where the budget is plentiful (and was), a stream takes
@@ -714,7 +770,7 @@ func (s *Server) rebalance(c *call) {
 		// A small shortfall is pushed only when units nobody holds appeared
 		// (a stream ended, a replica gave back): it is otherwise the
 		// rounding of targets that sum a little over the limit.
-		short := m.assigned < t && t-m.assigned <= room && (l.free > 0 || t-m.assigned > t/8)
+		short := m.assigned < t && t-m.assigned <= room && (l.free > 0 || t-m.assigned > t/8) && !keeps(t, m.assigned)
 		if !drifted(t, m.target) && !short {
 			continue
 		}
@@ -757,12 +813,6 @@ func (s *Server) countOps(batch []algo.Request, err error) {
 	s.counts.reads.Add(reads)
 }
 
-func requestsPer(a uint64, unit typev3.RateLimitUnit) *typev3.RateLimitStrategy {
-	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_RequestsPerTimeUnit_{
-		RequestsPerTimeUnit: &typev3.RateLimitStrategy_RequestsPerTimeUnit{RequestsPerTimeUnit: a, TimeUnit: unit},
-	}}
-}
-
 // decide returns bucket b's strategy under rule r (nil: no rule), given the
 // rate its latest report showed (-1: a push after a reload, with no report;
 // the demand known is kept). With a Budget, a pooled bucket's strategy may
@@ -793,7 +843,7 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 	if b.pool == nil {
 		p := s.pools[pk]
 		if p == nil {
-			p = newPool(d.unit, d.limit)
+			p = newPool(d.period, d.limit)
 			p.bucket = b.key
 			s.pools[pk] = p
 		}
@@ -801,26 +851,32 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		b.pool, b.poolKey = p, pk
 	}
 	p := b.pool
-	p.unit, p.limit = d.unit, d.limit // a reload may have changed the limit
+	p.rescale(d.period, d.limit) // a reload may have changed the limit
 	m := p.members[ss.id]
 	m.stale = time.Duration(s.opts.AbandonAfter) * b.interval
 	p.sweep(now, b.interval)
 	if rate >= 0 {
 		p.observe(m, rate, s.opts.Smoothing, now)
+		if b.partial && b.reports == 1 {
+			// The report a client sends as soon as it creates the bucket
+			// tells that the bucket exists, not its rate: the next
+			// report's rate replaces it rather than averaging with it.
+			m.observed = false
+		}
 	} else {
 		p.touch(m)
 	}
 	p.retarget(m, s.pol, p.lease.gCount, p.lease.gDemand)
 	until := now.Add(ttl + ledgerGrace)
 	if s.opts.Budget == nil {
-		return m.strategy(p.assign(m, p.limit, math.MaxUint64, until), p.unit)
+		return m.strategy(p.assign(m, p.limit, math.MaxUint64, until), p.period, s.opts.Burst)
 	}
 	l := &p.lease
 	if l.inflight {
 		// A renewal of the pool's lease is on its way; it takes at least
 		// the assignments in force, m's included: m may keep what it has,
 		// or less, until it settles.
-		return m.strategy(p.assign(m, p.assigned, m.assigned, until), p.unit)
+		return m.strategy(p.assign(m, p.assigned, m.assigned, until), p.period, s.opts.Burst)
 	}
 	contended := l.contended(p.limit)
 	if l.backs(p.limit, now) && !p.renewal(contended, b.interval) {
@@ -838,7 +894,7 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		case !contended && !l.backs(p.limit, now.Add(renewEarly*b.interval)):
 			p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}, false, now, batch, calls)
 		}
-		return m.strategy(a, p.unit)
+		return m.strategy(a, p.period, s.opts.Burst)
 	}
 	p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval,
 		m: m, qa: qa, until: until}, contended, now, batch, calls)
@@ -872,12 +928,14 @@ func (s *Server) detach(ss *stream, b *streamBucket, now time.Time, batch *[]alg
 	}
 }
 
-// ttl is the assignment_time_to_live of a bucket reported every interval.
+// ttl is the assignment_time_to_live of a bucket reported every interval:
+// twice the interval, in whole seconds (rounded up, at least 1 s), since
+// Envoy reads only the seconds.
 func (s *Server) ttl(interval time.Duration) time.Duration {
 	if s.opts.AssignmentTTL > 0 {
 		return s.opts.AssignmentTTL
 	}
-	return 2 * interval
+	return max(time.Second, (2*interval + time.Second - 1).Truncate(time.Second))
 }
 
 // leave forgets a stream that ended: its shares go to the streams that

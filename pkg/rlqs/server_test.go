@@ -149,17 +149,31 @@ func exchange(t *testing.T, st grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsa
 	return st.Recv()
 }
 
-// describe renders a strategy compactly: "ALLOW_ALL", "DENY_ALL", "100/SECOND".
+// describe renders a strategy compactly: "ALLOW_ALL", "DENY_ALL", or a
+// token bucket as "1000/10s max 100" (tokens_per_fill/fill_interval and
+// max_tokens).
 func describe(s *typev3.RateLimitStrategy) string {
 	switch v := s.GetStrategy().(type) {
 	case *typev3.RateLimitStrategy_BlanketRule_:
 		return v.BlanketRule.String()
-	case *typev3.RateLimitStrategy_RequestsPerTimeUnit_:
-		return strings.Join([]string{itoa(v.RequestsPerTimeUnit.RequestsPerTimeUnit), v.RequestsPerTimeUnit.TimeUnit.String()}, "/")
+	case *typev3.RateLimitStrategy_TokenBucket:
+		tb := v.TokenBucket
+		return itoa(uint64(tb.GetTokensPerFill().GetValue())) + "/" + tb.GetFillInterval().AsDuration().String() + " max " + itoa(uint64(tb.GetMaxTokens()))
 	case nil:
 		return "none"
 	}
 	return s.String()
+}
+
+// rate is the requests per second a token bucket strategy refills at, as
+// Envoy computes it (tokens_per_fill over fill_interval's whole seconds);
+// 0 for anything else.
+func rate(s *typev3.RateLimitStrategy) float64 {
+	tb := s.GetTokenBucket()
+	if tb == nil {
+		return 0
+	}
+	return float64(tb.GetTokensPerFill().GetValue()) / float64(tb.GetFillInterval().GetSeconds())
 }
 
 func itoa(n uint64) string {
@@ -180,8 +194,8 @@ func TestBucketMatching(t *testing.T) {
 		bucket []string
 		want   string
 	}{
-		{"entries sorted by key", "quota", []string{"route", "/pay", "name", "acme"}, "100/SECOND"},
-		{"wildcard", "quota", []string{"name", "bigcorp"}, "60/MINUTE"},
+		{"entries sorted by key", "quota", []string{"route", "/pay", "name", "acme"}, "1000/10s max 100"},
+		{"wildcard", "quota", []string{"name", "bigcorp"}, "1020/17m0s max 1"},
 		{"too few entries for the rule", "quota", []string{"name", "acme"}, "DEFAULT"},
 		{"no rule", "quota", []string{"other", "x"}, "DEFAULT"},
 		{"unknown domain", "nowhere", []string{"name", "bigcorp"}, "DEFAULT"},
@@ -213,8 +227,8 @@ func TestBucketMatching(t *testing.T) {
 				if got := describe(a.GetQuotaAssignmentAction().GetRateLimitStrategy()); got != want {
 					t.Errorf("strategy %s, want %s", got, want)
 				}
-				if ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); ttl != 2*time.Second {
-					t.Errorf("ttl %v, want 2s (twice the interval)", ttl)
+				if ttl := a.GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration(); ttl != 2*rlqs.DefaultReportingInterval {
+					t.Errorf("ttl %v, want %v (twice Envoy's 5 s until the reports tell)", ttl, 2*rlqs.DefaultReportingInterval)
 				}
 				if len(a.GetBucketId().GetBucket()) != len(c.bucket)/2 {
 					t.Errorf("bucket id %v not echoed", a.GetBucketId())
@@ -315,7 +329,7 @@ func TestAbandonAfterMissedReports(t *testing.T) {
 // sim opens a simulated Envoy driven by the fixture's clock.
 func (f *fixture) sim(t *testing.T) *rlqssim.Client {
 	t.Helper()
-	c, err := rlqssim.New(f.conn, "quota", time.Second, rlqssim.WithClock(f.clock.Now), rlqssim.WithManualReports(), rlqssim.WithNoAssignment(false))
+	c, err := rlqssim.New(f.conn, "quota", rlqssim.WithClock(f.clock.Now), rlqssim.WithManualReports(), rlqssim.WithNoAssignment(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,9 +339,28 @@ func (f *fixture) sim(t *testing.T) *rlqssim.Client {
 
 var acmeBucket = map[string]string{"name": "acme", "route": "/pay"} // 100 per second
 
-func share(c *rlqssim.Client) uint64 {
-	return c.Assignment(acmeBucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit()
+// share is the rate, in requests per second, of the token bucket client c
+// applies to acme: 0 when it has none, or DENY_ALL.
+func share(c *rlqssim.Client) float64 { return rate(c.Assignment(acmeBucket)) }
+
+// bound is the most the clients may admit over seconds of a limit of
+// limit requests per second (docs/rlqs.md, the bound): the limit's rate
+// over the time, plus what their token buckets started with (each new or
+// replaced bucket starts full, or as full as the one it replaced), plus
+// what they admitted with no assignment in force
+// (no_assignment_behavior, expired_assignment_behavior).
+func bound(limit, seconds float64, clients ...*rlqssim.Client) float64 {
+	b := limit * seconds
+	for _, c := range clients {
+		st := c.Stats()
+		b += st.StartTokens + float64(st.Unassigned)
+	}
+	return b
 }
+
+// overLimit reports whether shares summing to sum exceed limit requests
+// per second (shares are tenths: 100/s is 1,000 units per 10 s).
+func overLimit(sum, limit float64) bool { return sum > limit+1e-9 }
 
 // settled returns what the clients are assigned once the pushes the
 // servers sent them have arrived: a push follows the answer of the report
@@ -335,9 +368,9 @@ func share(c *rlqssim.Client) uint64 {
 // assignments are read when they stopped moving for 10 ms. (Until a push
 // arrives, a client may apply a larger share the server replaced already:
 // the delivery delay of docs/rlqs.md's bound.)
-func settled(clients ...*rlqssim.Client) (shares []uint64, sum uint64) {
-	read := func() ([]uint64, uint64) {
-		out, total := make([]uint64, len(clients)), uint64(0)
+func settled(clients ...*rlqssim.Client) (shares []float64, sum float64) {
+	read := func() ([]float64, float64) {
+		out, total := make([]float64, len(clients)), 0.0
 		for i, c := range clients {
 			out[i] = share(c)
 			total += out[i]
@@ -356,14 +389,23 @@ func settled(clients ...*rlqssim.Client) (shares []uint64, sum uint64) {
 	return shares, sum
 }
 
-// drive runs one reporting interval of simulated time in 10 ms steps, each
-// client offering rates[i] requests per second, then has every client
-// report. It returns the requests admitted per client.
+// drive runs one reporting interval of one second of simulated time in
+// 10 ms steps, each client offering rates[i] requests per second, then has
+// every client report. It returns the requests admitted per client.
 func drive(t *testing.T, f *fixture, clients []*rlqssim.Client, rates []float64) []int {
+	t.Helper()
+	return driveFor(t, f, time.Second, clients, rates)
+}
+
+// driveFor is drive over an interval of d, a multiple of 10 ms. After
+// each step it waits for the answers to the reports a new bucket sent (a
+// real Envoy would go on deciding meanwhile, by no_assignment_behavior:
+// waiting makes the tests repeatable).
+func driveFor(t *testing.T, f *fixture, d time.Duration, clients []*rlqssim.Client, rates []float64) []int {
 	t.Helper()
 	admitted := make([]int, len(clients))
 	owed := make([]float64, len(clients))
-	for range 100 {
+	for range d / (10 * time.Millisecond) {
 		f.clock.Advance(10 * time.Millisecond)
 		for i, c := range clients {
 			owed[i] += rates[i] / 100
@@ -372,14 +414,47 @@ func drive(t *testing.T, f *fixture, clients []*rlqssim.Client, rates []float64)
 					admitted[i]++
 				}
 			}
+			if err := c.Sync(ctxT(t)); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	for _, c := range clients {
+		quiet(t, clients...)
 		if err := c.Report(ctxT(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
+	quiet(t, clients...)
 	return admitted
+}
+
+// quiet waits until the clients have had every report answered and
+// received no response for 3 ms: the pushes the servers sent have
+// arrived. A client cannot tell an answer from a push (both carry
+// assignments), so a report sent while a push is on its way could take
+// the push for its answer and let the test advance the clock before the
+// server has the report; then the server measures the interval too long.
+func quiet(t *testing.T, clients ...*rlqssim.Client) {
+	t.Helper()
+	responses := func() (n uint64) {
+		for _, c := range clients {
+			if err := c.Sync(ctxT(t)); err != nil {
+				t.Fatal(err)
+			}
+			n += c.Stats().Responses
+		}
+		return n
+	}
+	last := responses()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(3 * time.Millisecond)
+		n := responses()
+		if n == last {
+			return
+		}
+		last = n
+	}
 }
 
 func TestSharesFollowDemand(t *testing.T) {
@@ -387,8 +462,8 @@ func TestSharesFollowDemand(t *testing.T) {
 	a, b := f.sim(t), f.sim(t)
 	clients := []*rlqssim.Client{a, b}
 	check := func(round int) {
-		if sa, sb := share(a), share(b); sa+sb > 100 {
-			t.Fatalf("round %d: shares %d + %d exceed the limit 100", round, sa, sb)
+		if sa, sb := share(a), share(b); overLimit(sa+sb, 100) {
+			t.Fatalf("round %d: shares %v + %v exceed the limit 100", round, sa, sb)
 		}
 	}
 	for round := range 6 {
@@ -396,14 +471,14 @@ func TestSharesFollowDemand(t *testing.T) {
 		check(round)
 	}
 	if sa, sb := share(a), share(b); sa < 3*sb || sa+sb < 95 {
-		t.Fatalf("demand 160:40 got shares %d:%d, want about 4:1 summing to about 100", sa, sb)
+		t.Fatalf("demand 160:40 got shares %v:%v, want about 4:1 summing to about 100", sa, sb)
 	}
 	for round := range 6 {
 		drive(t, f, clients, []float64{40, 160})
 		check(round)
 	}
 	if sa, sb := share(a), share(b); sb < 3*sa || sa+sb < 95 {
-		t.Fatalf("demand 40:160 got shares %d:%d, want about 1:4 summing to about 100", sa, sb)
+		t.Fatalf("demand 40:160 got shares %v:%v, want about 1:4 summing to about 100", sa, sb)
 	}
 	// Idle: the floor keeps a share for the idle stream, the rest goes to
 	// the busy one.
@@ -411,7 +486,7 @@ func TestSharesFollowDemand(t *testing.T) {
 		drive(t, f, clients, []float64{0, 160})
 	}
 	if sa, sb := share(a), share(b); sa != 5 || sb < 94 {
-		t.Fatalf("demand 0:160 got shares %d:%d, want 5:94 or 5:95 (the floor, 10%% split evenly; the rest to demand)", sa, sb)
+		t.Fatalf("demand 0:160 got shares %v:%v, want 5:94 or 5:95 (the floor, 10%% split evenly; the rest to demand)", sa, sb)
 	}
 }
 
@@ -422,7 +497,7 @@ func TestDisconnectReassignedWithinTwoIntervals(t *testing.T) {
 		drive(t, f, []*rlqssim.Client{a, b}, []float64{100, 100})
 	}
 	if sa := share(a); sa < 45 || sa > 55 {
-		t.Fatalf("equal demand: share %d, want about 50", sa)
+		t.Fatalf("equal demand: share %v, want about 50", sa)
 	}
 	b.Close()
 	deadline := time.Now().Add(5 * time.Second)
@@ -438,40 +513,71 @@ func TestDisconnectReassignedWithinTwoIntervals(t *testing.T) {
 			return
 		}
 	}
-	t.Fatalf("two intervals after the other stream ended: share %d, want 100", share(a))
+	t.Fatalf("two intervals after the other stream ended: share %v, want 100", share(a))
 }
 
-// TestAdmittedWithinLimit runs three simulated Envoys for 30 simulated
-// seconds with demand that shifts, and sums what they admit: at most the
-// limit's L·T plus L (every limiter starts full once), and most of it.
+// TestAdmittedWithinLimit runs three simulated Envoys reporting every 5 s,
+// as Envoy does, for 60 simulated seconds with demand that shifts, and
+// sums what they admit: at most the bound (the limit's rate over the time,
+// plus what their token buckets started with), whichever way Envoy fills
+// a replacing bucket, and most of the limit. The burst the replacements
+// added is at most a tenth of the limit's budget: shares that hold within
+// an eighth are not sent anew.
 func TestAdmittedWithinLimit(t *testing.T) {
-	f := start(t, rlqs.Options{})
-	clients := []*rlqssim.Client{f.sim(t), f.sim(t), f.sim(t)}
-	const seconds, limit = 30, 100
-	total := 0
-	for s := range seconds {
-		rates := []float64{150, 50, 0}
-		if (s/5)%2 == 1 {
-			rates[2] = 200
-		}
-		for _, n := range drive(t, f, clients, rates) {
-			total += n
-		}
-		var sum uint64
-		for _, c := range clients {
-			sum += c.Assignment(acmeBucket).GetRequestsPerTimeUnit().GetRequestsPerTimeUnit()
-		}
-		if sum > limit {
-			t.Fatalf("second %d: assignments sum to %d, over the limit %d", s, sum, limit)
-		}
+	for _, mode := range []struct {
+		name string
+		r    rlqssim.Replacement
+	}{{"replaced buckets start full (Envoy 0b559611)", rlqssim.ReplaceFull}, {"replaced buckets keep their fraction (Envoy c33e7f82)", rlqssim.ReplaceFraction}} {
+		t.Run(mode.name, func(t *testing.T) {
+			f := start(t, rlqs.Options{})
+			clients := make([]*rlqssim.Client, 3)
+			for i := range clients {
+				c, err := rlqssim.New(f.conn, "quota", rlqssim.WithClock(f.clock.Now), rlqssim.WithManualReports(), rlqssim.WithReplacement(mode.r))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				clients[i] = c
+			}
+			const seconds, limit = 60, 100
+			total := 0
+			for s := 0; s < seconds; s += 5 {
+				rates := []float64{150, 50, 0}
+				if (s/15)%2 == 1 {
+					rates[2] = 200
+				}
+				for _, n := range driveFor(t, f, 5*time.Second, clients, rates) {
+					total += n
+				}
+				var sum float64
+				for _, c := range clients {
+					sum += share(c)
+				}
+				if overLimit(sum, limit) {
+					t.Fatalf("second %d: assignments sum to %v, over the limit %d", s, sum, limit)
+				}
+			}
+			b := bound(limit, seconds, clients...)
+			if float64(total) > b {
+				t.Fatalf("admitted %d in %ds, over the bound %.0f", total, seconds, b)
+			}
+			if total < limit*seconds*8/10 {
+				t.Fatalf("admitted %d in %ds: less than 80%% of the limit while demand exceeds it", total, seconds)
+			}
+			var burst float64
+			var buckets, unassigned uint64
+			for _, c := range clients {
+				burst += c.Stats().StartTokens
+				buckets += c.Stats().TokenBuckets
+				unassigned += c.Stats().Unassigned
+			}
+			if burst > limit*seconds/10 {
+				t.Errorf("the token buckets started with %.0f tokens in all (%d buckets): over a tenth of the %d the limit allows", burst, buckets, limit*seconds)
+			}
+			t.Logf("admitted %d in %d s (limit %d/s, bound %.0f: %d·%d + %.0f tokens the %d buckets started with + %d unassigned)",
+				total, seconds, limit, b, limit, seconds, burst, buckets, unassigned)
+		})
 	}
-	if bound := limit*seconds + limit; total > bound {
-		t.Fatalf("admitted %d in %ds, over the bound %d (L·T + L)", total, seconds, bound)
-	}
-	if total < limit*seconds*8/10 {
-		t.Fatalf("admitted %d in %ds: less than 80%% of the limit while demand exceeds it", total, seconds)
-	}
-	t.Logf("admitted %d in %d s (limit %d/s, bound %d)", total, seconds, limit, limit*seconds+limit)
 }
 
 func TestNewRejectsBadOptions(t *testing.T) {

@@ -5,51 +5,54 @@ import (
 	"time"
 
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
-// envoyUnits are the Envoy time units an assignment is expressed in, longest
-// first. Envoy's MONTH and YEAR are left out: their length is not defined
-// the way a rule file's month (30 days) and year (365 days) are.
-var envoyUnits = [...]struct {
-	unit typev3.RateLimitUnit
-	d    time.Duration
-}{
-	{typev3.RateLimitUnit_DAY, 24 * time.Hour},
-	{typev3.RateLimitUnit_HOUR, time.Hour},
-	{typev3.RateLimitUnit_MINUTE, time.Minute},
-	{typev3.RateLimitUnit_SECOND, time.Second},
-}
+// minUnits is the fewest units a pooled limit is shared in: a limit of N
+// requests per window W is shared as L = N·k units per period k·W, with k
+// the smallest whole number making L at least minUnits (1 when N is), so
+// that one stream's share of a small limit shared by many streams is still
+// a whole number of units above 0: 10 per second shared by 30 Envoys is
+// 1,000 units per 100 s, 33 units (a third of a request per second) each.
+const minUnits = 1000
 
-// unitFor expresses a rule's limit as a whole count per Envoy time unit: the
-// longest of second, minute, hour and day not longer than the limit's window,
-// and the limit's requests per unit scaled to it, rounded down (never more
-// than the rule admits). A rule with several limits is assigned its most
-// restrictive rate. So 100 per minute is 100 per MINUTE, 10 per 5 seconds
-// is 2 per SECOND, and 700 per week 100 per DAY. A rate below one per day
-// becomes 0, which assigns DENY_ALL.
-func unitFor(r *config.Rule) (typev3.RateLimitUnit, uint64) {
-	bestUnit, bestN, bestRate := typev3.RateLimitUnit_SECOND, uint64(0), math.Inf(1)
+// maxPeriod bounds a pool's period, in seconds (100 years), so that it
+// stays a time.Duration: a limit so low that 1,000 units would take
+// longer is shared in fewer.
+const maxPeriod = 100 * 365 * 24 * 3600
+
+// periodFor expresses a rule's limit as the pool's limit L and period S
+// (whole seconds): its most restrictive limit (the lowest rate) of N per
+// window W as L = N·k units per S = k·W seconds ([minUnits]). Envoy's
+// token bucket divides tokens_per_fill by the whole seconds of
+// fill_interval (createTokenBucketFromAction in Envoy's
+// source/extensions/filters/http/rate_limit_quota/global_client_impl.cc),
+// and a window is a whole number of seconds (units are second to year),
+// so a share of a units is the rate a/S exactly. A limit of 0 returns
+// L = 0, which assigns DENY_ALL.
+func periodFor(r *config.Rule) (period int64, limit uint64) {
+	bestRate := math.Inf(1)
 	for _, l := range r.Limits {
-		if l.Window <= 0 {
+		w := int64(l.Window / time.Second)
+		if w <= 0 {
 			continue
 		}
-		rate := float64(l.RequestsPerUnit) / l.Window.Seconds()
+		rate := float64(l.RequestsPerUnit) / float64(w)
 		if rate >= bestRate {
 			continue
 		}
-		u := envoyUnits[len(envoyUnits)-1]
-		for _, c := range envoyUnits {
-			if c.d <= l.Window {
-				u = c
-				break
-			}
+		bestRate = rate
+		n := uint64(l.RequestsPerUnit)
+		k := uint64(1)
+		if n > 0 && n < minUnits {
+			k = min((minUnits+n-1)/n, max(1, uint64(maxPeriod/w)))
 		}
-		bestRate, bestUnit = rate, u.unit
-		bestN = uint64(l.RequestsPerUnit) * uint64(u.d) / uint64(l.Window)
+		period, limit = w*int64(k), n*k
 	}
-	return bestUnit, bestN
+	return period, limit
 }
 
 // poolKey names what the streams of a replica share: one bucket of one rule.
@@ -62,12 +65,12 @@ type poolKey struct{ domain, rule, bucket string }
 // replica holds for the pool (the limit, without a Budget).
 type pool struct {
 	bucket  string // the key of its bucket (poolKey.bucket)
-	unit    typev3.RateLimitUnit
-	limit   uint64 // L: requests per unit
+	period  int64  // S, in seconds
+	limit   uint64 // L: requests per period
 	members map[uint64]*member
 	// Sums over the members whose demand counts (reported within their
 	// stale time): how many, their demand (requests per second) and
-	// their targets (per unit).
+	// their targets (per period).
 	n      int
 	demand float64
 	target uint64
@@ -90,34 +93,111 @@ type member struct {
 	counted  bool          // demand and target are in the pool's sums
 	last     time.Time     // the stream's last report of the bucket
 	stale    time.Duration // after last+stale the member's demand no longer counts
-	target   uint64        // its share, per unit, at its last report
-	assigned uint64        // the assignment last sent, per unit, while in force
+	target   uint64        // its share, per period, at its last report
+	assigned uint64        // the assignment last sent, per period, while in force
 	until    time.Time     // when the client stops applying it (at the latest)
 	// sent is the strategy last made for the member: reused, unchanged,
 	// while the assignment stays the same (only the member's stream sends
-	// it, one response at a time).
+	// it, one response at a time), so that Envoy keeps its token bucket
+	// and the tokens in it.
 	sent *typev3.RateLimitStrategy
 }
 
-// strategy returns the strategy assigning a per unit.
-func (m *member) strategy(a uint64, unit typev3.RateLimitUnit) *typev3.RateLimitStrategy {
-	if rp := m.sent.GetRequestsPerTimeUnit(); rp == nil || rp.GetRequestsPerTimeUnit() != a || rp.GetTimeUnit() != unit {
-		m.sent = requestsPer(a, unit)
+// strategy returns the strategy assigning a units per period seconds: a
+// token bucket ([tokenBucket]), or DENY_ALL for 0 (Envoy's token bucket
+// takes no empty fill). A new assignment differing from the one last sent
+// always replaces Envoy's bucket: see [replaces].
+func (m *member) strategy(a uint64, period int64, burst time.Duration) *typev3.RateLimitStrategy {
+	if a == 0 {
+		if m.sent.GetBlanketRule() != typev3.RateLimitStrategy_DENY_ALL {
+			m.sent = blanket(typev3.RateLimitStrategy_DENY_ALL)
+		}
+		return m.sent
 	}
-	return m.sent
+	if tb := m.sent.GetTokenBucket(); tb != nil && tb.GetTokensPerFill().GetValue() == uint32(min(a, math.MaxUint32)) && tb.GetFillInterval().GetSeconds() == period {
+		return m.sent // the same assignment: Envoy keeps its bucket
+	}
+	next := tokenBucket(a, period, burst)
+	if old := m.sent.GetTokenBucket(); old != nil && !replaces(old, next.GetTokenBucket()) {
+		// Another rate Envoy would take for the old one (the period
+		// moved with a reload, the fill did not): a burst one token
+		// off makes Envoy replace its bucket.
+		tb := next.GetTokenBucket()
+		if tb.MaxTokens > 1 {
+			tb.MaxTokens--
+		} else {
+			tb.MaxTokens++
+		}
+	}
+	m.sent = next
+	return next
 }
 
-// newPool returns an empty pool of limit limit per unit.
-func newPool(unit typev3.RateLimitUnit, limit uint64) *pool {
-	return &pool{unit: unit, limit: limit, members: make(map[uint64]*member)}
+// tokenBucket returns the token_bucket strategy of a share of a units per
+// period seconds, a > 0: tokens_per_fill a every fill_interval of period
+// seconds (a whole number, so Envoy's rate is a/period exactly), and
+// max_tokens the share's rate times burst, at least 1 and at most a: the
+// most Envoy admits at once from a full bucket. Envoy starts every new
+// bucket full (or, since Envoy c33e7f82, as full as the bucket it
+// replaces), so max_tokens is what each new assignment may add to what
+// the rates admit: docs/rlqs.md, the bound.
+func tokenBucket(a uint64, period int64, burst time.Duration) *typev3.RateLimitStrategy {
+	fill := min(a, math.MaxUint32)
+	most := uint64(math.Ceil(float64(fill) * burst.Seconds() / float64(period)))
+	most = max(1, min(most, fill))
+	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
+		MaxTokens:     uint32(most),
+		TokensPerFill: wrapperspb.UInt32(uint32(fill)),
+		FillInterval:  &durationpb.Duration{Seconds: period},
+	}}}
+}
+
+// replaces reports whether Envoy replaces its token bucket made from old
+// when assigned next: only when max_tokens, tokens_per_fill or the nanos
+// of fill_interval differ (protoTokenBucketsEq and
+// shouldReplaceTokenBucket in Envoy's global_client_impl.cc). A change of
+// fill_interval's whole seconds alone keeps the old bucket, and its rate.
+func replaces(old, next *typev3.TokenBucket) bool {
+	return old.GetMaxTokens() != next.GetMaxTokens() ||
+		old.GetTokensPerFill().GetValue() != next.GetTokensPerFill().GetValue() ||
+		old.GetFillInterval().GetNanos() != next.GetFillInterval().GetNanos()
+}
+
+// newPool returns an empty pool of limit limit per period seconds.
+func newPool(period int64, limit uint64) *pool {
+	return &pool{period: period, limit: limit, members: make(map[uint64]*member)}
+}
+
+// rescale sets the pool's limit to limit units per period seconds, after
+// a reload. Assignments in force and targets are rates, counted in units
+// of the old period: they are counted anew in the new period's units,
+// rounded up so that the ledger never counts less than is in force.
+func (p *pool) rescale(period int64, limit uint64) {
+	if period == p.period || p.period == 0 {
+		p.period, p.limit = period, limit
+		return
+	}
+	conv := func(u uint64) uint64 {
+		return uint64(math.Ceil(float64(u) * float64(period) / float64(p.period)))
+	}
+	p.assigned, p.target = 0, 0
+	for _, m := range p.members {
+		m.assigned, m.target = conv(m.assigned), conv(m.target)
+		p.assigned += m.assigned
+		if m.counted {
+			p.target += m.target
+		}
+	}
+	p.period, p.limit = period, limit
 }
 
 // join adds member id, with no demand yet, or with the demand carried
-// from the pool it left (a reload moved its bucket).
+// from the pool it left (a reload moved its bucket), and what it was last
+// sent: what Envoy holds.
 func (p *pool) join(id uint64, carried *member) *member {
 	m := &member{}
 	if carried != nil {
-		m.demand, m.observed = carried.demand, carried.observed
+		m.demand, m.observed, m.sent = carried.demand, carried.observed, carried.sent
 	}
 	p.members[id] = m
 	return m
@@ -215,7 +295,7 @@ func (p *pool) targetOf(m *member, pol policy, gCount, gDemand float64) uint64 {
 	} else {
 		share += rest / n
 	}
-	if want := pol.headroom * m.demand * unitSeconds(p.unit); want < float64(share) {
+	if want := pol.headroom * m.demand * float64(p.period); want < float64(share) {
 		return max(floorEach, uint64(math.Ceil(want)))
 	}
 	return share
@@ -236,6 +316,12 @@ func (p *pool) retarget(m *member, pol policy, gCount, gDemand float64) uint64 {
 // assignments in force, which stay counted until their until whatever m
 // is assigned. So the assignments in force never sum to more than the
 // budget.
+//
+// An assignment in force within an eighth of the new one is kept, when
+// it fits (hysteresis): Envoy keeps the tokens of a bucket assigned
+// again unchanged, but starts a changed one anew, full, so every change
+// may admit a bucket's max_tokens on top of the rates (docs/rlqs.md, the
+// bound). Shares that wobble with demand then cost nothing.
 func (p *pool) assign(m *member, budget, cap uint64, until time.Time) uint64 {
 	others := p.assigned - m.assigned
 	var free uint64
@@ -243,17 +329,23 @@ func (p *pool) assign(m *member, budget, cap uint64, until time.Time) uint64 {
 		free = budget - others
 	}
 	a := min(m.target, cap, free)
+	if old := m.assigned; keeps(a, old) && old <= min(cap, free) {
+		a = old
+	}
 	p.assigned += a - m.assigned
 	m.assigned, m.until = a, until
 	return a
 }
 
-// unitSeconds is the length of an Envoy time unit in seconds.
-func unitSeconds(u typev3.RateLimitUnit) float64 {
-	for _, c := range envoyUnits {
-		if c.unit == u {
-			return c.d.Seconds()
-		}
+// keeps reports whether an assignment of old in force is kept rather than
+// replaced by one of a: both above 0, within an eighth of old.
+func keeps(a, old uint64) bool {
+	return a > 0 && old > 0 && 8*absDiff(a, old) < old
+}
+
+func absDiff(a, b uint64) uint64 {
+	if a > b {
+		return a - b
 	}
-	return 1
+	return b - a
 }

@@ -11,28 +11,103 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
-func TestUnitFor(t *testing.T) {
+func TestPeriodFor(t *testing.T) {
 	lim := func(n uint32, w time.Duration) config.Limit {
 		return config.Limit{RequestsPerUnit: n, Window: w}
 	}
 	cases := []struct {
 		name   string
 		limits []config.Limit
-		unit   typev3.RateLimitUnit
+		period int64
 		n      uint64
 	}{
-		{"per second", []config.Limit{lim(100, time.Second)}, typev3.RateLimitUnit_SECOND, 100},
-		{"per minute", []config.Limit{lim(60, time.Minute)}, typev3.RateLimitUnit_MINUTE, 60},
-		{"10 per 5 seconds", []config.Limit{lim(10, 5*time.Second)}, typev3.RateLimitUnit_SECOND, 2},
-		{"700 per week", []config.Limit{lim(700, 7*24*time.Hour)}, typev3.RateLimitUnit_DAY, 100},
-		{"rounded down", []config.Limit{lim(7, 2*time.Second)}, typev3.RateLimitUnit_SECOND, 3},
-		{"below one a day", []config.Limit{lim(1, 7*24*time.Hour)}, typev3.RateLimitUnit_DAY, 0},
-		{"most restrictive of several", []config.Limit{lim(10, time.Second), lim(60, time.Minute)}, typev3.RateLimitUnit_MINUTE, 60},
+		{"1,000 or more per window: as written", []config.Limit{lim(5000, time.Second)}, 1, 5000},
+		{"100 per second: 1,000 per 10 s", []config.Limit{lim(100, time.Second)}, 10, 1000},
+		{"60 per minute: 1,020 per 17 min", []config.Limit{lim(60, time.Minute)}, 17 * 60, 1020},
+		{"1 per 5 seconds: 1,000 per 5,000 s", []config.Limit{lim(1, 5*time.Second)}, 5000, 1000},
+		{"700 per week", []config.Limit{lim(700, 7*24*time.Hour)}, 2 * 7 * 24 * 3600, 1400},
+		{"1 per year: at most 100 years", []config.Limit{lim(1, 365*24*time.Hour)}, 100 * 365 * 24 * 3600, 100},
+		{"0: deny", []config.Limit{lim(0, time.Second)}, 1, 0},
+		{"most restrictive of several", []config.Limit{lim(10, time.Second), lim(60, time.Minute)}, 17 * 60, 1020},
 	}
 	for _, c := range cases {
-		u, n := unitFor(&config.Rule{Limits: c.limits})
-		if u != c.unit || n != c.n {
-			t.Errorf("%s: %d/%v, want %d/%v", c.name, n, u, c.n, c.unit)
+		period, n := periodFor(&config.Rule{Limits: c.limits})
+		if period != c.period || n != c.n {
+			t.Errorf("%s: %d per %d s, want %d per %d s", c.name, n, period, c.n, c.period)
+		}
+	}
+}
+
+// TestTokenBucketOfShare: a share of a units per period is a token bucket
+// of tokens_per_fill a every period seconds (whole, so Envoy's rate is
+// exact) and max_tokens the rate times the burst, 1 to a.
+func TestTokenBucketOfShare(t *testing.T) {
+	cases := []struct {
+		a      uint64
+		period int64
+		burst  time.Duration
+		most   uint32
+	}{
+		{250, 10, time.Second, 25},            // 25 per second, 1 s of it
+		{250, 10, 500 * time.Millisecond, 13}, // rounded up
+		{33, 100, time.Second, 1},             // a third per second: at least 1
+		{5, 1, 10 * time.Second, 5},           // never more than a period's share
+	}
+	for _, c := range cases {
+		tb := tokenBucket(c.a, c.period, c.burst).GetTokenBucket()
+		if tb.GetTokensPerFill().GetValue() != uint32(c.a) || tb.GetFillInterval().AsDuration() != time.Duration(c.period)*time.Second || tb.GetMaxTokens() != c.most {
+			t.Errorf("share %d per %d s, burst %v: %v, want max_tokens %d", c.a, c.period, c.burst, tb, c.most)
+		}
+	}
+}
+
+// TestStrategyReplacesEnvoysBucket: a member's new assignment always makes
+// Envoy replace its token bucket (Envoy keeps one whose max_tokens,
+// tokens_per_fill and nanos are equal), and the same assignment is the
+// same strategy, whose bucket Envoy keeps.
+func TestStrategyReplacesEnvoysBucket(t *testing.T) {
+	m := &member{}
+	a := m.strategy(250, 10, time.Second)
+	if m.strategy(250, 10, time.Second) != a {
+		t.Fatal("the same assignment made a new strategy")
+	}
+	if b := m.strategy(251, 10, time.Second); !replaces(a.GetTokenBucket(), b.GetTokenBucket()) {
+		t.Fatalf("%v after %v: Envoy would keep its bucket", b, a)
+	}
+	// A reload moved the bucket to a rule of another period with the same
+	// number of units: the rate differs, tokens_per_fill and max_tokens
+	// alone would not.
+	m = &member{}
+	a = m.strategy(1000, 10, time.Second) // 100/s, max 100
+	b := m.strategy(1000, 20, 2*time.Second)
+	if !replaces(a.GetTokenBucket(), b.GetTokenBucket()) {
+		t.Fatalf("%v after %v: Envoy would keep the old rate", b, a)
+	}
+	if m.strategy(0, 10, time.Second).GetBlanketRule() != typev3.RateLimitStrategy_DENY_ALL {
+		t.Fatal("an assignment of 0 is not DENY_ALL")
+	}
+}
+
+// TestHysteresis: an assignment in force within an eighth of the new
+// target is kept (Envoy keeps its bucket and tokens), a larger change is
+// sent, and a kept assignment that no longer fits the budget is not.
+func TestHysteresis(t *testing.T) {
+	now := time.Unix(0, 0)
+	p := newPool(10, 1000)
+	m := p.join(1, nil)
+	until := now.Add(time.Minute)
+	for _, c := range []struct {
+		target, budget, want uint64
+	}{
+		{400, 1000, 400},
+		{430, 1000, 400}, // +7.5%: kept
+		{360, 1000, 400}, // −10%: kept
+		{460, 1000, 460}, // +15%: sent
+		{450, 440, 440},  // kept would not fit
+	} {
+		m.target = c.target
+		if got := p.assign(m, c.budget, math.MaxUint64, until); got != c.want || p.assigned != c.want {
+			t.Fatalf("target %d, budget %d: assigned %d (pool %d), want %d", c.target, c.budget, got, p.assigned, c.want)
 		}
 	}
 }
@@ -54,9 +129,10 @@ func TestBucketDescriptorKeyIsInjective(t *testing.T) {
 // and the pool's running sums stay the sums of its members.
 func TestAssignNeverExceedsLimit(t *testing.T) {
 	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 3))
 	now := time.Unix(0, 0)
-	p := newPool(typev3.RateLimitUnit_SECOND, 100)
+	p := newPool(1, 100)
 	pol := policy{floor: 0.1, headroom: DefaultHeadroom}
 	for step := range 2000 {
 		now = now.Add(time.Duration(rng.IntN(300)) * time.Millisecond)
@@ -114,7 +190,7 @@ func TestHeadroom(t *testing.T) {
 		{[]float64{0.2, 0.2}, 2, 5},    // 0.4 is under the floor of 5
 		{[]float64{1000, 1000}, 2, 50}, // demand over the limit: the even share
 	} {
-		p := newPool(typev3.RateLimitUnit_SECOND, 100)
+		p := newPool(1, 100)
 		var first *member
 		for i, d := range c.demands {
 			m := p.join(uint64(i), nil)

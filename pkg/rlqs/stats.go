@@ -49,12 +49,12 @@ type BudgetOps struct {
 	Failed uint64
 }
 
-// Assignments counts bucket actions sent, by kind.
+// Assignments counts bucket actions sent, by the strategy sent.
 type Assignments struct {
-	Rate     uint64 // a requests-per-unit or token bucket strategy
-	AllowAll uint64
-	DenyAll  uint64
-	Abandon  uint64 // abandon_action
+	TokenBucket uint64 // a token_bucket strategy: a share of a limit
+	AllowAll    uint64
+	DenyAll     uint64
+	Abandon     uint64 // abandon_action
 }
 
 // RuleUsage is the usage of one rule through a replica.
@@ -63,19 +63,19 @@ type RuleUsage struct {
 	Buckets      int     // the buckets of open streams matching it
 	Allowed      float64 // requests allowed per second, as reported
 	// Held is the budget this replica holds in the store for the rule's
-	// buckets, summed (requests per Envoy unit; 0 without a Budget), and
+	// buckets, summed (units per period; 0 without a Budget), and
 	// Assigned what its streams are assigned and still apply.
 	Held, Assigned uint64
 }
 
 // counts are a Server's counters; its mutex guards errors and usage.
 type counts struct {
-	reports, pushes, rebalances        atomic.Uint64
-	rate, allowAll, denyAll, abandoned atomic.Uint64
-	takes, gives, reads, failed        atomic.Uint64
-	buckets                            int
-	errors                             map[codes.Code]uint64
-	usage                              map[ruleRef]*ruleUsage
+	reports, pushes, rebalances               atomic.Uint64
+	tokenBucket, allowAll, denyAll, abandoned atomic.Uint64
+	takes, gives, reads, failed               atomic.Uint64
+	buckets                                   int
+	errors                                    map[codes.Code]uint64
+	usage                                     map[ruleRef]*ruleUsage
 }
 
 // ruleRef names a rule of a domain for usage; the zero value is no rule.
@@ -113,7 +113,7 @@ func (s *Server) track(b *streamBucket, ref ruleRef, allowed float64) {
 // sent counts the bucket actions of a response about to be sent (a send
 // that fails ends the stream).
 func (s *Server) sent(resp *rlqsv3.RateLimitQuotaResponse) {
-	var rate, allow, deny, abandon uint64
+	var tokenBucket, allow, deny, abandon uint64
 	for _, a := range resp.GetBucketAction() {
 		if a.GetAbandonAction() != nil {
 			abandon++
@@ -126,11 +126,11 @@ func (s *Server) sent(resp *rlqsv3.RateLimitQuotaResponse) {
 			} else {
 				allow++
 			}
-		default:
-			rate++
+		case *typev3.RateLimitStrategy_TokenBucket:
+			tokenBucket++
 		}
 	}
-	s.counts.rate.Add(rate)
+	s.counts.tokenBucket.Add(tokenBucket)
 	s.counts.allowAll.Add(allow)
 	s.counts.denyAll.Add(deny)
 	s.counts.abandoned.Add(abandon)
@@ -156,7 +156,7 @@ func (s *Server) Stats() Stats {
 			Reads: s.counts.reads.Load(), Failed: s.counts.failed.Load(),
 		},
 		Assignments: Assignments{
-			Rate: s.counts.rate.Load(), AllowAll: s.counts.allowAll.Load(),
+			TokenBucket: s.counts.tokenBucket.Load(), AllowAll: s.counts.allowAll.Load(),
 			DenyAll: s.counts.denyAll.Load(), Abandon: s.counts.abandoned.Load(),
 		},
 	}
