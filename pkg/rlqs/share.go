@@ -317,11 +317,14 @@ func (p *pool) retarget(m *member, pol policy, gCount, gDemand float64) uint64 {
 // is assigned. So the assignments in force never sum to more than the
 // budget.
 //
-// An assignment in force within an eighth of the new one is kept, when
-// it fits (hysteresis): Envoy keeps the tokens of a bucket assigned
-// again unchanged, but starts a changed one anew, full, so every change
-// may admit a bucket's max_tokens on top of the rates (docs/rlqs.md, the
-// bound). Shares that wobble with demand then cost nothing.
+// An assignment in force is kept rather than lowered by less than an
+// eighth, when it fits, or raised by less than a thirty-second
+// (hysteresis): Envoy keeps the tokens of a bucket assigned again
+// unchanged, but starts a changed one anew, full, so every change may
+// admit a bucket's max_tokens on top of the rates (docs/rlqs.md, the
+// bound). Shares that wobble with demand thus settle near the top of
+// their wobble and cost nothing more, while a share that can grow by more
+// than a few percent (a stream left, a replica gave back) grows at once.
 func (p *pool) assign(m *member, budget, cap uint64, until time.Time) uint64 {
 	others := p.assigned - m.assigned
 	var free uint64
@@ -338,14 +341,14 @@ func (p *pool) assign(m *member, budget, cap uint64, until time.Time) uint64 {
 }
 
 // keeps reports whether an assignment of old in force is kept rather than
-// replaced by one of a: both above 0, within an eighth of old.
+// replaced by one of a: a is lower, above 0, by less than an eighth, or
+// higher by less than a thirty-second.
 func keeps(a, old uint64) bool {
-	return a > 0 && old > 0 && 8*absDiff(a, old) < old
-}
-
-func absDiff(a, b uint64) uint64 {
-	if a > b {
-		return a - b
+	switch {
+	case a == 0 || old == 0 || a == old:
+		return false
+	case a < old:
+		return 8*(old-a) < old
 	}
-	return b - a
+	return 32*(a-old) < old
 }

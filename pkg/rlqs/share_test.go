@@ -88,9 +88,10 @@ func TestStrategyReplacesEnvoysBucket(t *testing.T) {
 	}
 }
 
-// TestHysteresis: an assignment in force within an eighth of the new
-// target is kept (Envoy keeps its bucket and tokens), a larger change is
-// sent, and a kept assignment that no longer fits the budget is not.
+// TestHysteresis: an assignment in force is kept rather than lowered by
+// less than an eighth or raised by less than a thirty-second (Envoy keeps
+// its bucket and tokens), changed by more, and not kept when it no longer
+// fits the budget.
 func TestHysteresis(t *testing.T) {
 	now := time.Unix(0, 0)
 	p := newPool(10, 1000)
@@ -100,10 +101,11 @@ func TestHysteresis(t *testing.T) {
 		target, budget, want uint64
 	}{
 		{400, 1000, 400},
-		{430, 1000, 400}, // +7.5%: kept
 		{360, 1000, 400}, // −10%: kept
-		{460, 1000, 460}, // +15%: sent
-		{450, 440, 440},  // kept would not fit
+		{410, 1000, 400}, // +2.5%: kept
+		{420, 1000, 420}, // +5%: raised
+		{350, 1000, 350}, // −14.6%: sent
+		{320, 330, 320},  // −8.6%, but the budget leaves 330: lowered to the target
 	} {
 		m.target = c.target
 		if got := p.assign(m, c.budget, math.MaxUint64, until); got != c.want || p.assigned != c.want {
