@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	xdsmatcherv3 "github.com/cncf/xds/go/xds/type/matcher/v3"
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -13,6 +14,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
@@ -28,7 +30,9 @@ const sampleHeader = "U"
 // ratelimitd cluster, over HTTP/2 on ratelimitd's gRPC port; its domain has
 // rules; every bucket id its matchers build, its entries sorted by key as
 // ratelimitd reads it, matches a rule with a rate limit in that domain; and
-// every bucket says what to do before an assignment and after one expires.
+// every bucket says what to do before an assignment and after one expires
+// in a way Envoy's filter applies, reports at the interval Envoy really
+// reports at, and refuses with 429 (RESOURCE_EXHAUSTED for gRPC).
 func TestEnvoyRLQS(t *testing.T) {
 	docs := yamlDocs(t, rlqsBootstrapPath)
 	if len(docs) != 1 {
@@ -109,11 +113,22 @@ func TestEnvoyRLQS(t *testing.T) {
 			continue
 		}
 		t.Logf("bucket id %v → descriptor %v → rule %s", id, d, r.ID)
-		if s.GetReportingInterval().AsDuration() <= 0 {
-			t.Errorf("bucket %v reports at no interval", id)
+		// Envoy reports every 5 s whatever reporting_interval says
+		// (initTlsStore in filter_persistence.cc): the file says so.
+		if got := s.GetReportingInterval().AsDuration(); got != 5*time.Second {
+			t.Errorf("bucket %v: reporting_interval %v; Envoy reports every 5s whatever it says", id, got)
 		}
-		if s.GetNoAssignmentBehavior() == nil || s.GetExpiredAssignmentBehavior() == nil {
-			t.Errorf("bucket %v does not say what to do without an assignment, or after one expires (docs/rlqs.md)", id)
+		if s.GetNoAssignmentBehavior().GetFallbackRateLimit().GetBlanketRule() != typev3.RateLimitStrategy_ALLOW_ALL {
+			t.Errorf("bucket %v: no_assignment_behavior %v; a blanket ALLOW_ALL admits a new bucket's first requests, as the ratelimit filter fails open (a token bucket there crashes Envoy: no limiter is made for it)", id, s.GetNoAssignmentBehavior())
+		}
+		// recordBucketUsage in filter.cc reads fallback_rate_limit and the
+		// timeout's seconds only: reuse_last_assignment does nothing.
+		eab := s.GetExpiredAssignmentBehavior()
+		if eab.GetFallbackRateLimit() == nil || eab.GetExpiredAssignmentBehaviorTimeout().AsDuration() < time.Second {
+			t.Errorf("bucket %v: expired_assignment_behavior %v; Envoy applies only a fallback_rate_limit, for whole seconds", id, eab)
+		}
+		if d := s.GetDenyResponseSettings(); d.GetHttpStatus().GetCode() != 429 || d.GetGrpcStatus().GetCode() != 8 {
+			t.Errorf("bucket %v: deny_response_settings %v; want 429, and RESOURCE_EXHAUSTED for gRPC callers", id, d)
 		}
 	}
 }

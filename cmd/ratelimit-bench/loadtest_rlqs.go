@@ -102,7 +102,7 @@ func addRLQSFlags(fs *flag.FlagSet, c *rlqsConfig) {
 	fs.IntVar(&c.Streams, "rlqs-streams", 1000, "rlqs group: RLQS streams open at once (simulated Envoys)")
 	fs.IntVar(&c.Buckets, "rlqs-buckets", 100, "rlqs group: buckets in each stream's reports")
 	fs.IntVar(&c.Conns, "rlqs-conns", 4, "rlqs group: gRPC connections the streams are spread over")
-	fs.DurationVar(&c.Interval, "rlqs-interval", time.Second, "rlqs group: each stream's reporting interval")
+	fs.DurationVar(&c.Interval, "rlqs-interval", 5*time.Second, "rlqs group: each stream's reporting interval (Envoy's filter reports every 5s whatever its config says)")
 	fs.Float64Var(&c.Demand, "rlqs-demand", 10, "rlqs group: steady requests/s of each bucket of each stream, reported as allowed")
 	fs.StringVar(&c.share, "rlqs-share", "1,10", "rlqs group: one row per number, the streams reporting each bucket (1: every stream its own buckets; -rlqs-streams: every stream the same buckets), separated by commas")
 	fs.StringVar(&c.backends, "rlqs-backends", "memory,redis", "rlqs group: the server's backends, the budget store its streams share, one row each per -rlqs-share: memory, redis, or both separated by commas")
@@ -154,17 +154,18 @@ func rlqsDistinctBuckets(streams, buckets, share int) int {
 	return (streams + share - 1) / share * buckets
 }
 
-// newRLQSReport encodes the report stream s sends every interval: its
-// domain (Envoy sends it in the first report only; the server accepts it
-// in every one) and, for each of its buckets, demand×interval requests
-// allowed over interval.
+// newRLQSReport encodes the report stream s sends every interval, as
+// Envoy's filter builds one (buildReports and getUsageFromBucket in its
+// global_client_impl.cc): the domain, set on every report, and for each
+// of its buckets demand×interval requests allowed over time_elapsed, the
+// interval in whole seconds, truncated.
 func newRLQSReport(key string, s, share, buckets int, interval time.Duration, demand float64) (*rawRequest, error) {
 	rep := &rlqsv3.RateLimitQuotaUsageReports{Domain: rlqsDomain}
 	allowed := uint64(demand*interval.Seconds() + 0.5)
 	for b := range buckets {
 		rep.BucketQuotaUsages = append(rep.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
 			BucketId:           &rlqsv3.BucketId{Bucket: map[string]string{key: rlqsBucketValue(s, b, share, buckets)}},
-			TimeElapsed:        durationpb.New(interval),
+			TimeElapsed:        &durationpb.Duration{Seconds: int64(interval / time.Second)},
 			NumRequestsAllowed: allowed,
 		})
 	}

