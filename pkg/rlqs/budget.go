@@ -80,7 +80,7 @@ func (p *pool) storeKeys(domain, rule string, d bucketDescriptor) [3][]byte {
 	if p.keys[0] == nil || p.keysLimit != p.limit {
 		prefix := poolKeyPrefix(domain, rule, d)
 		al := announceLimit()
-		p.keys = [3][]byte{withLimit(prefix, budgetLimit(p.limit)), withLimit(key.AppendEntry(prefix, "demand", ""), al), withLimit(key.AppendEntry(prefix, "streams", ""), al)}
+		p.keys = [3][]byte{withLimit(prefix, budgetLimit(p.limit)), withLimit(key.AppendEntry(prefix, "demand", "per10s"), al), withLimit(key.AppendEntry(prefix, "streams", ""), al)}
 		p.keysLimit = p.limit
 	}
 	return p.keys
@@ -216,7 +216,7 @@ func leaseTTL(ttl, interval time.Duration, scarce bool) time.Duration {
 //
 // Otherwise its members are assigned out of what it holds: safe, since
 // the lease outlives their assignments, and without a take.
-func (p *pool) renewal(contended bool, interval time.Duration) bool {
+func (p *pool) renewal(contended bool) bool {
 	l := &p.lease
 	held := l.held()
 	if !contended {
@@ -231,7 +231,7 @@ func (p *pool) renewal(contended bool, interval time.Duration) bool {
 	if held > p.target+p.target/4 {
 		return true
 	}
-	return drifted(uint64(p.n), l.leases[2].hits) || drifted(perInterval(p.demand, interval), l.leases[1].hits)
+	return drifted(uint64(p.n), l.leases[2].hits) || drifted(announced(p.demand), l.leases[1].hits)
 }
 
 // drifted reports whether now differs from was by over an eighth (and one).
@@ -239,15 +239,22 @@ func drifted(now, was uint64) bool {
 	return now > was+was/8+1 || was > now+now/8+1
 }
 
-// perInterval is a demand of d requests per second as requests per interval.
-func perInterval(d float64, interval time.Duration) uint64 {
-	return uint64(math.Ceil(d * interval.Seconds()))
+// announceSpan is the time a demand is announced over: a demand of d
+// requests per second is announced as ⌈d·announceSpan⌉ units, the same
+// span on every replica whatever its streams' report periods, so that the
+// announcements of all replicas add up to their demand (a tenth of a
+// request per second at least, up to announceSize/10 a second).
+const announceSpan = 10 * time.Second
+
+// announced is a demand of d requests per second as announced units.
+func announced(d float64) uint64 {
+	return uint64(math.Ceil(d * announceSpan.Seconds()))
 }
 
 // estimate reads a pool's global demand (requests per second) and stream
 // count from the decisions of the two announcements' takes, or reads.
-func estimate(demand, count algo.Decision, interval time.Duration) (float64, float64) {
-	d := float64(announceSize-min(demand.Remaining, announceSize)) / interval.Seconds()
+func estimate(demand, count algo.Decision) (float64, float64) {
+	d := float64(announceSize-min(demand.Remaining, announceSize)) / announceSpan.Seconds()
 	n := float64(announceSize - min(count.Remaining, announceSize))
 	return d, n
 }
@@ -267,7 +274,7 @@ type call struct {
 	keys     [3][]byte     // budget, demand, streams
 	ttl      time.Duration // the leases' TTL
 	renew    time.Duration // how much of it an assignment needs: renewBy is ttl-renew after the take
-	interval time.Duration // the reporting interval the demand is announced per
+	interval time.Duration // the reporting interval of the streams
 	// The member whose report asked for the call, if any, and, for a
 	// renewal, where its assignment goes once the call settles.
 	m     *member
@@ -318,7 +325,7 @@ func (p *pool) renew(c call, contended bool, now time.Time, batch *[]algo.Reques
 	*batch = append(*batch, take(c.keys[0], c.limit, max(floor, p.target)))
 	if contended {
 		al := announceLimit()
-		*batch = append(*batch, take(c.keys[1], al, perInterval(p.demand, c.interval)), take(c.keys[2], al, uint64(p.n)))
+		*batch = append(*batch, take(c.keys[1], al, announced(p.demand)), take(c.keys[2], al, uint64(p.n)))
 	}
 	*calls = append(*calls, c)
 }
@@ -333,7 +340,7 @@ func (c *call) settle(out []algo.Decision, err error, sent time.Time, gives []al
 		// renewal is on its way, whose answer is at least as fresh.
 		if err == nil && !l.inflight && !l.dropped {
 			l.free = out[c.first].Remaining
-			l.gDemand, l.gCount = estimate(out[c.first+1], out[c.first+2], c.interval)
+			l.gDemand, l.gCount = estimate(out[c.first+1], out[c.first+2])
 		}
 		return gives
 	}
@@ -348,7 +355,7 @@ func (c *call) settle(out []algo.Decision, err error, sent time.Time, gives []al
 	n := 1
 	if c.announce {
 		n = 3
-		l.gDemand, l.gCount = estimate(out[c.first+1], out[c.first+2], c.interval)
+		l.gDemand, l.gCount = estimate(out[c.first+1], out[c.first+2])
 	}
 	for i := range n {
 		d := out[c.first+i]

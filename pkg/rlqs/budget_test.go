@@ -184,6 +184,15 @@ func TestBudgetNeverOversubscribed(t *testing.T) {
 		t.Fatalf("seed %d: admitted %d in %d s, over the bound %.0f", seed, total, rounds, b)
 	}
 	t.Logf("admitted %d in %d s (limit %d/s, bound %.0f), %d Envoys started", total, rounds, limit, bound(limit, rounds, all...), len(all))
+	// Pushes follow the store's answers, not a loop: a client is pushed a
+	// few responses per report at most. (Replicas that read one another's
+	// demand in different units once pushed thousands, each a new token
+	// bucket.)
+	for i, c := range all {
+		if st := c.Stats(); st.Responses > 4*st.Reports+4 {
+			t.Errorf("seed %d: Envoy %d received %d responses for %d reports: the servers push in a loop", seed, i, st.Responses, st.Reports)
+		}
+	}
 }
 
 // gate is a budget store whose calls, while it is shut, wait until it

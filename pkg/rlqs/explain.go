@@ -220,22 +220,13 @@ func (s *Server) Explain(ctx context.Context, domain string, id map[string]strin
 	}
 
 	now := s.opts.Now()
-	interval := s.opts.ReportingInterval
 	s.mu.Lock()
 	if p := s.pools[poolKey{domain: domain, rule: r.ID, bucket: desc.key()}]; p != nil {
 		e.Replica = p.explain(now, s.opts.Budget != nil)
-		for id := range p.members {
-			if ss := s.open[id]; ss != nil {
-				if b := ss.buckets[desc.key()]; b != nil {
-					interval = b.interval
-					break
-				}
-			}
-		}
 	}
 	s.mu.Unlock()
 	if s.opts.Budget != nil {
-		e.Budget = s.readBudget(ctx, domain, r.ID, desc, d.limit, interval)
+		e.Budget = s.readBudget(ctx, domain, r.ID, desc, d.limit)
 	}
 	return e, nil
 }
@@ -277,7 +268,7 @@ func (p *pool) explain(now time.Time, budget bool) *ExplainPool {
 
 // readBudget reads a bucket's budget and announcements from the store,
 // with reads that store nothing.
-func (s *Server) readBudget(ctx context.Context, domain, rule string, desc bucketDescriptor, limit uint64, interval time.Duration) *ExplainBudget {
+func (s *Server) readBudget(ctx context.Context, domain, rule string, desc bucketDescriptor, limit uint64) *ExplainBudget {
 	p := newPool(0, limit)
 	keys := p.storeKeys(domain, rule, desc)
 	peek := func(k []byte, l algo.Limit) algo.Request {
@@ -294,7 +285,7 @@ func (s *Server) readBudget(ctx context.Context, domain, rule string, desc bucke
 	}
 	eb.Free = min(out[0].Remaining, limit)
 	eb.Held = limit - eb.Free
-	eb.Demand, eb.Streams = estimate(out[1], out[2], interval)
+	eb.Demand, eb.Streams = estimate(out[1], out[2])
 	return eb
 }
 

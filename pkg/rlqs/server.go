@@ -879,7 +879,7 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		return m.strategy(p.assign(m, p.assigned, m.assigned, until), p.period, s.opts.Burst)
 	}
 	contended := l.contended(p.limit)
-	if l.backs(p.limit, now) && !p.renewal(contended, b.interval) {
+	if l.backs(p.limit, now) && !p.renewal(contended) {
 		// The lease backs an assignment out of what it holds for longer
 		// than its TTL: no take. Where the budget is contended, the pool
 		// reads it and the announcements once an interval, to see what
