@@ -2,8 +2,11 @@
 // envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas.
 //
 // Each Envoy decides requests itself from quota assignments and reports its
-// usage per bucket every reporting interval on one bidirectional stream. The
-// server answers every report with an assignment for each bucket reported.
+// usage per bucket every 5 s on one bidirectional stream. The server
+// answers every report with an assignment for each bucket reported, in the
+// form Envoy's rate_limit_quota filter enforces: a token bucket with a
+// whole-second fill interval, or a blanket rule, with a TTL in whole
+// seconds (docs/rlqs.md, "What Envoy enforces").
 //
 // # Bucket matching
 //
@@ -18,12 +21,12 @@
 // # Fairness policy
 //
 // The streams of one replica that report the same bucket of the same rule
-// share the rule's limit L (its most restrictive limit, as a count per Envoy
-// time unit U: see [unitFor]). Each stream s has a demand d_s: allowed plus
-// denied requests per second, an exponentially weighted average over its
-// reports. Its target is
+// share the rule's limit: its most restrictive limit, as L units per period
+// of S whole seconds, at least 1,000 units (see [periodFor]). Each stream s
+// has a demand d_s: allowed plus denied requests per second of its reports.
+// Its target, in units, is
 //
-//	min(floor(F·L/n) + floor((L − n·floor(F·L/n)) · d_s / Σd),  max(floor(F·L/n), ceil(H · d_s · U)))
+//	min(floor(F·L/n) + floor((L − n·floor(F·L/n)) · d_s / Σd),  max(floor(F·L/n), ceil(H · d_s · S)))
 //
 // with n the streams reporting the bucket, F = [Options.FloorFraction]
 // (0.1) and H = [Options.Headroom] (2): a tenth of the limit is split
@@ -32,8 +35,11 @@
 // budget stays free for whoever grows. A stream is assigned min(target,
 // B − Σ assignments still in force for the other streams), B being the
 // limit or the budget the replica holds, so the assignments in force on a
-// replica never sum to more than B. A pool keeps running sums of its
-// streams (share.go), so a report costs the same however many share it.
+// replica never sum to more than B. An assignment in force is kept rather
+// than lowered by under an eighth or raised by under a thirty-second, since
+// Envoy starts every changed token bucket full. A pool keeps running sums
+// of its streams (share.go), so a report costs the same however many share
+// it.
 //
 // # Across replicas
 //

@@ -94,8 +94,10 @@ type Options struct {
 	// +Inf assigns every stream its whole share, whatever its demand.
 	Headroom float64
 	// Smoothing is the weight of the latest report in a stream's demand
-	// (an exponential average). Default 0.5: a shift of demand shows in
-	// the shares after one report and is mostly absorbed after two or three.
+	// (an exponential average). Default 1: Envoy reports every 5 s, a
+	// report is its own average, and a shift of demand shows in the
+	// shares at the next report (a share moved in steps would cost Envoy
+	// a new token bucket at each).
 	Smoothing float64
 	// Budget, when set, is the store that holds every pooled limit's
 	// budget across the replicas sharing it (the backend chain of
