@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/reftest"
 )
 
 // asReference copies the ratelimitd binary to a directory of the test as
@@ -181,5 +182,71 @@ func TestReferenceEnvironmentMutualTLS(t *testing.T) {
 		if err := call(s.grpcAddr, false); (err == nil) != c.without {
 			t.Errorf("SAN %s, client without a certificate: %v; served: want %v", c.san, err, c.without)
 		}
+	}
+}
+
+// TestReferenceRuleFiles runs the binary as /bin/ratelimit on the runtime
+// tree envoyproxy/ratelimit was run on (pkg/config/testdata/reference/
+// layout), under RUNTIME_WATCH_ROOT=true and false, and answers every
+// descriptor as the reference answered it there (layout.answers.txt,
+// recorded from its commit f2fb157): rule files in subdirectories and of
+// any name read, rate_limit: null as no limit, a top-level name, an empty
+// trailing document, a field given twice (the last wins), a second
+// document not read. The start-up log warns of each, naming file and line.
+func TestReferenceRuleFiles(t *testing.T) {
+	t.Parallel()
+	sections, err := reftest.Read("../pkg/config/testdata/reference/layout.answers.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := filepath.Abs("../pkg/config/testdata/reference/layout/rt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sections {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			redis := redistest.Start(t)
+			cmd := exec.Command(asReference(t))
+			cmd.Env = referenceEnv(root, redis.Addr, s.Name)
+			srv := startProcess(t, cmd)
+			rls := rlsv3.NewRateLimitServiceClient(srv.dial(t))
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for _, c := range s.Cases {
+				entries := make([]*rlv3.RateLimitDescriptor_Entry, len(c.Entries))
+				for i, e := range c.Entries {
+					entries[i] = &rlv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value}
+				}
+				for i, want := range c.Answers {
+					resp, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: c.Domain,
+						Descriptors: []*rlv3.RateLimitDescriptor{{Entries: entries}}})
+					if err != nil {
+						t.Fatalf("%s %v call %d: %v", c.Domain, c.Entries, i+1, err)
+					}
+					st := resp.Statuses[0]
+					got := reftest.Answer{Overall: resp.OverallCode.String(), Code: st.Code.String(),
+						Limit: st.GetCurrentLimit().GetRequestsPerUnit(), Remaining: st.LimitRemaining}
+					if st.CurrentLimit != nil {
+						got.Unit = st.CurrentLimit.Unit.String()
+					}
+					if got != want {
+						t.Errorf("%s %v call %d: %+v; the reference answered %+v", c.Domain, c.Entries, i+1, got, want)
+					}
+				}
+			}
+			logs := strings.Join(srv.logLines(), "\n")
+			for _, want := range []string{
+				"config/dup.yaml:5:5: descriptors[0].rate_limit: given twice",
+				"config/sub/nested.yaml:1:1: name: not used",
+				"config/sub/nested.yaml:6:1: an empty YAML document",
+				"config/twodocs.yaml:5:1: a second YAML document, not read",
+				"config/linkdir: not read: a symbolic link to a directory",
+			} {
+				if !strings.Contains(logs, want) {
+					t.Errorf("the start-up log does not warn %q", want)
+				}
+			}
+		})
 	}
 }

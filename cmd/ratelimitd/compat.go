@@ -239,10 +239,25 @@ func (c *compat) rules() {
 	default:
 		c.refuse("CONFIG_TYPE=%q; accepted: FILE, GRPC_XDS_SOTW", t)
 	}
-	dir := filepath.Join(c.get("RUNTIME_ROOT", "/srv/runtime_data/current"), c.get("RUNTIME_SUBDIRECTORY", ""), c.get("RUNTIME_APPDIRECTORY", "config"))
-	c.flag("config", dir, "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY")
-	c.flag("watch-config", "true", "RUNTIME_WATCH_ROOT")
-	c.bool("RUNTIME_WATCH_ROOT", true) // either way: checked, and honoured
+	// The files are those the reference's runtime loader reads
+	// (src/provider/file_provider.go, setupRuntime and sendEvent; lyft/
+	// goruntime loader.go, walkDirectoryCallback): every file below the
+	// directory, recursively, whatever its name. With RUNTIME_WATCH_ROOT
+	// (its default) it walks RUNTIME_ROOT/RUNTIME_SUBDIRECTORY and keeps
+	// the files whose path there, "/" written ".", starts with
+	// RUNTIME_APPDIRECTORY + "." (so also a sibling config.extra.yaml);
+	// without, it walks RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
+	// RUNTIME_APPDIRECTORY.
+	root := filepath.Join(c.get("RUNTIME_ROOT", "/srv/runtime_data/current"), c.get("RUNTIME_SUBDIRECTORY", ""))
+	app := c.get("RUNTIME_APPDIRECTORY", "config")
+	c.flag("config-reference", "true", "RATELIMITD_COMPAT")
+	if c.bool("RUNTIME_WATCH_ROOT", true) {
+		c.flag("config", root, "RUNTIME_ROOT and RUNTIME_SUBDIRECTORY")
+		c.flag("config-reference-prefix", app+".", "RUNTIME_APPDIRECTORY")
+	} else {
+		c.flag("config", filepath.Join(root, app), "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY")
+	}
+	c.flag("watch-config", "true", "RUNTIME_WATCH_ROOT") // either way, the tree is watched
 	if !c.bool("RUNTIME_IGNOREDOTFILES", false) {
 		// ratelimitd always skips dot files (and Kubernetes' ..data
 		// directories); the reference would load them.

@@ -42,7 +42,7 @@ func TestCompatDefaults(t *testing.T) {
 		"-http-addr=0.0.0.0:8080", "-grpc-addr=0.0.0.0:8081", "-debug-addr=0.0.0.0:6070",
 		"-grpc-max-connection-age=24h", "-grpc-max-connection-age-grace=1h",
 		"-log-level=warn", "-log-format=text",
-		"-config=/srv/runtime_data/current/config", "-watch-config=true",
+		"-config=/srv/runtime_data/current", "-config-reference=true", "-config-reference-prefix=config.", "-watch-config=true",
 		"-backend=redis", "-redis-url=unix:///var/run/nutcracker/ratelimit.sock", "-redis-mode=standalone",
 		"-redis-pool-size=10", "-redis-read-timeout=10s", "-near-limit-ratio=0.8",
 		"-redis-key-format=reference", "-redis-prefix=", "-redis-expiration-jitter=300s",

@@ -136,10 +136,13 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		}
 	} else {
 		var err error
-		if rules, err = config.Load(c.config); err != nil {
+		if rules, err = config.LoadOptions(c.config, c.configOpts); err != nil {
 			return fmt.Errorf("loading rules from %s:\n%w", c.config, err)
 		}
 		log.Info("rules loaded", "path", c.config, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
+		for _, w := range rules.Warnings() {
+			log.Warn("rules: " + w.Error())
+		}
 	}
 
 	tuneGC(c, log)
@@ -250,7 +253,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 			ref.configLoaded(true)
 		}
 		reject := func(error) { ref.configLoaded(false) }
-		rw, err := reload.New(reload.Options{Path: c.config, Apply: apply, Reject: reject, Logger: log, Current: rules})
+		rw, err := reload.New(reload.Options{Path: c.config, Config: c.configOpts, Apply: apply, Reject: reject, Logger: log, Current: rules})
 		if err != nil {
 			// Serving without reload beats not serving (the inotify limit,
 			// say); a restart still picks up new rules.
