@@ -210,31 +210,7 @@ func TestReferenceRuleFiles(t *testing.T) {
 			cmd := exec.Command(asReference(t))
 			cmd.Env = referenceEnv(root, redis.Addr, s.Name)
 			srv := startProcess(t, cmd)
-			rls := rlsv3.NewRateLimitServiceClient(srv.dial(t))
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			for _, c := range s.Cases {
-				entries := make([]*rlv3.RateLimitDescriptor_Entry, len(c.Entries))
-				for i, e := range c.Entries {
-					entries[i] = &rlv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value}
-				}
-				for i, want := range c.Answers {
-					resp, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: c.Domain,
-						Descriptors: []*rlv3.RateLimitDescriptor{{Entries: entries}}})
-					if err != nil {
-						t.Fatalf("%s %v call %d: %v", c.Domain, c.Entries, i+1, err)
-					}
-					st := resp.Statuses[0]
-					got := reftest.Answer{Overall: resp.OverallCode.String(), Code: st.Code.String(),
-						Limit: st.GetCurrentLimit().GetRequestsPerUnit(), Remaining: st.LimitRemaining}
-					if st.CurrentLimit != nil {
-						got.Unit = st.CurrentLimit.Unit.String()
-					}
-					if got != want {
-						t.Errorf("%s %v call %d: %+v; the reference answered %+v", c.Domain, c.Entries, i+1, got, want)
-					}
-				}
-			}
+			replay(t, rlsv3.NewRateLimitServiceClient(srv.dial(t)), s)
 			logs := strings.Join(srv.logLines(), "\n")
 			for _, want := range []string{
 				"config/dup.yaml:5:5: descriptors[0].rate_limit: given twice",
@@ -248,5 +224,73 @@ func TestReferenceRuleFiles(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// replay sends each descriptor of a recording of the reference as many
+// times as it answered it there, and compares every answer: overall code,
+// the descriptor's code, its current limit and what remains.
+func replay(t *testing.T, rls rlsv3.RateLimitServiceClient, s reftest.Section) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range s.Cases {
+		entries := make([]*rlv3.RateLimitDescriptor_Entry, len(c.Entries))
+		for i, e := range c.Entries {
+			entries[i] = &rlv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value}
+		}
+		for i, want := range c.Answers {
+			resp, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: c.Domain,
+				Descriptors: []*rlv3.RateLimitDescriptor{{Entries: entries}}})
+			if err != nil {
+				t.Fatalf("%s %v call %d: %v", c.Domain, c.Entries, i+1, err)
+			}
+			st := resp.Statuses[0]
+			got := reftest.Answer{Overall: resp.OverallCode.String(), Code: st.Code.String(),
+				Limit: st.GetCurrentLimit().GetRequestsPerUnit(), Remaining: st.LimitRemaining}
+			if st.CurrentLimit != nil {
+				got.Unit = st.CurrentLimit.Unit.String()
+			}
+			if got != want {
+				t.Errorf("%s %v call %d: %+v; the reference answered %+v", c.Domain, c.Entries, i+1, got, want)
+			}
+		}
+	}
+}
+
+// TestEnvoyGatewayRuleFiles runs the binary as /bin/ratelimit on six rule
+// files written in exactly the shape Envoy Gateway generates
+// (integration/testdata/envoygateway/rt/ratelimit/config, each naming the
+// file of envoyproxy/gateway d32f282 it follows: a top-level name,
+// rate_limit: null on every intermediate descriptor, empty name, replaces
+// and descriptors, every flag written out) and decides descriptors built
+// as Envoy Gateway's route actions build them exactly as the reference
+// decided them on the same files (answers.txt, from its commit f2fb157).
+func TestEnvoyGatewayRuleFiles(t *testing.T) {
+	t.Parallel()
+	sections, err := reftest.Read("testdata/envoygateway/answers.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := filepath.Abs("testdata/envoygateway/rt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The limits are per hour, month and year: stay away from the hour's
+	// end, where two calls could fall in two windows.
+	if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < 10*time.Second {
+		time.Sleep(left + time.Second)
+	}
+	redis := redistest.Start(t)
+	cmd := exec.Command(asReference(t))
+	cmd.Env = referenceEnv(root, redis.Addr)
+	srv := startProcess(t, cmd)
+	s := reftest.Find(sections, "envoygateway")
+	if s == nil || len(s.Cases) < 10 {
+		t.Fatal("no recorded answers")
+	}
+	replay(t, rlsv3.NewRateLimitServiceClient(srv.dial(t)), *s)
+	if logs := strings.Join(srv.logLines(), "\n"); strings.Count(logs, "name: not used") != 6 {
+		t.Errorf("the start-up log does not warn once per file of the unused top-level name:\n%s", logs)
 	}
 }
