@@ -57,40 +57,102 @@ func TestCompatDefaults(t *testing.T) {
 	}
 }
 
-// TestCompatEnvoyGateway: the environment Envoy Gateway gives the
-// reference's container (rules from files here; over xDS in the
-// integration test).
+// envoyGatewayEnv is exactly the environment Envoy Gateway gives the
+// reference's container, every optional branch taken (a Redis with TLS
+// and a client certificate, Prometheus, tracing): envoyproxy/gateway
+// d32f28294245e454d20f81d323d626a90e660c1e (resource.go last changed in
+// a89c775), internal/infrastructure/kubernetes/ratelimit/resource.go,
+// expectedRateLimitContainerEnv, with its constants' values.
+var envoyGatewayEnv = env{
+	"RUNTIME_ROOT":                       "/data",
+	"RUNTIME_SUBDIRECTORY":               "ratelimit",
+	"RUNTIME_IGNOREDOTFILES":             "true",
+	"RUNTIME_WATCH_ROOT":                 "false",
+	"LOG_LEVEL":                          "info",
+	"USE_STATSD":                         "false",
+	"CONFIG_TYPE":                        "GRPC_XDS_SOTW",
+	"CONFIG_GRPC_XDS_SERVER_URL":         "envoy-gateway:18001", // XdsGrpcSotwConfigServerHost:Port
+	"CONFIG_GRPC_XDS_NODE_ID":            "envoy-ratelimit",     // InfraName
+	"GRPC_SERVER_USE_TLS":                "true",
+	"GRPC_SERVER_TLS_CERT":               "/certs/tls.crt",
+	"GRPC_SERVER_TLS_KEY":                "/certs/tls.key",
+	"GRPC_SERVER_TLS_CA_CERT":            "/certs/ca.crt", // not a reference setting: neither reads it
+	"CONFIG_GRPC_XDS_SERVER_USE_TLS":     "true",
+	"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":    "/certs/tls.crt",
+	"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":     "/certs/tls.key",
+	"CONFIG_GRPC_XDS_SERVER_TLS_CACERT":  "/certs/ca.crt",
+	"FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
+	// rateLimit.Backend.Redis
+	"REDIS_SOCKET_TYPE": "tcp",
+	"REDIS_URL":         "redis.envoy-gateway-system.svc.cluster.local:6379",
+	// rateLimit.Backend.Redis.TLS, with a CertificateRef
+	"REDIS_TLS":             "true",
+	"REDIS_TLS_CLIENT_CERT": "/redis-certs/tls.crt",
+	"REDIS_TLS_CLIENT_KEY":  "/redis-certs/tls.key",
+	// enablePrometheus
+	"USE_PROMETHEUS":         "true",
+	"PROMETHEUS_ADDR":        ":19001",
+	"PROMETHEUS_MAPPER_YAML": "/etc/statsd-exporter/conf.yaml",
+	// enableTracing
+	"TRACING_ENABLED":             "true",
+	"TRACING_SERVICE_NAME":        "envoy-ratelimit",
+	"TRACING_SERVICE_NAMESPACE":   "envoy-gateway-system",
+	"TRACING_SERVICE_INSTANCE_ID": "envoy-ratelimit-5d8f7c9b4-x2x7q", // metadata.name
+	"TRACING_SAMPLING_RATE":       "0.5",
+	"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.monitoring.svc:4318",
+}
+
+// TestCompatEnvoyGateway: Envoy Gateway's environment maps to rules over
+// xDS from envoy-gateway:18001 with mutual TLS, a TLS gRPC listener, a
+// Redis over TLS with a client certificate, the reference's Prometheus
+// series on :19001, and tracing; what it sets that neither the reference
+// nor ratelimitd reads is named.
 func TestCompatEnvoyGateway(t *testing.T) {
-	args, ignored, from, err := compatArgs(env{
-		"RUNTIME_ROOT":           "/data",
-		"RUNTIME_SUBDIRECTORY":   "ratelimit",
-		"RUNTIME_IGNOREDOTFILES": "true",
-		"RUNTIME_WATCH_ROOT":     "false",
-		"LOG_LEVEL":              "info",
-		"GRPC_SERVER_USE_TLS":    "true",
-		"GRPC_SERVER_TLS_CERT":   "/certs/tls.crt",
-		"GRPC_SERVER_TLS_KEY":    "/certs/tls.key",
-		"GRPC_CLIENT_TLS_CACERT": "/certs/ca.crt",
-		"REDIS_SOCKET_TYPE":      "tcp",
-		"REDIS_URL":              "redis.envoy-gateway-system.svc.cluster.local:6379",
-	}.lookup)
+	args, ignored, from, err := compatArgs(envoyGatewayEnv.lookup)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"-config=/data/ratelimit/config", "-log-level=info",
-		"-grpc-tls-cert=/certs/tls.crt", "-grpc-tls-key=/certs/tls.key", "-grpc-tls-client-ca=/certs/ca.crt",
-		"-redis-url=redis://redis.envoy-gateway-system.svc.cluster.local:6379",
+		"-log-level=info",
+		"-xds-server=envoy-gateway:18001", "-xds-node-id=envoy-ratelimit", "-xds-force-start=true",
+		"-xds-tls=true", "-xds-tls-cert=/certs/tls.crt", "-xds-tls-key=/certs/tls.key", "-xds-tls-ca=/certs/ca.crt",
+		"-grpc-tls-cert=/certs/tls.crt", "-grpc-tls-key=/certs/tls.key",
+		"-redis-url=rediss://redis.envoy-gateway-system.svc.cluster.local:6379",
+		"-redis-tls-cert=/redis-certs/tls.crt", "-redis-tls-key=/redis-certs/tls.key",
+		"-reference-metrics-addr=:19001", "-reference-metrics-mapping=/etc/statsd-exporter/conf.yaml",
+		"-tracing=true",
 	} {
 		if !slices.Contains(args, want) {
 			t.Errorf("args lack %s: %q", want, args)
 		}
 	}
-	if len(ignored) != 0 {
-		t.Errorf("ignored %q", ignored)
+	// The reference takes client CAs from GRPC_CLIENT_TLS_CACERT only:
+	// under Envoy Gateway its listener is TLS without client
+	// certificates, and so is ratelimitd's.
+	for _, a := range args {
+		if strings.HasPrefix(a, "-grpc-tls-client-ca=") || strings.HasPrefix(a, "-statsd-addr=") {
+			t.Errorf("args hold %s", a)
+		}
 	}
-	if from["config"] != "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY" || from["redis-url"] != "REDIS_URL" {
+	var names []string
+	for _, i := range ignored {
+		names = append(names, strings.Fields(i)[0])
+	}
+	if want := []string{"GRPC_SERVER_TLS_CA_CERT", "TRACING_SERVICE_INSTANCE_ID", "TRACING_SERVICE_NAMESPACE"}; !slices.Equal(names, want) {
+		t.Errorf("ignored %q, want %v named", ignored, want)
+	}
+	if from["xds-server"] != "CONFIG_GRPC_XDS_SERVER_URL" || from["redis-url"] != "REDIS_URL" {
 		t.Errorf("sources %v", from)
+	}
+	otel := compatEnvironment(envoyGatewayEnv.lookup)
+	for name, want := range map[string]string{
+		"OTEL_SERVICE_NAME":           "envoy-ratelimit",
+		"OTEL_TRACES_SAMPLER_ARG":     "0.5",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.monitoring.svc:4318",
+	} {
+		if got, _ := otel(name); got != want {
+			t.Errorf("%s=%q, want %q", name, got, want)
+		}
 	}
 }
 
