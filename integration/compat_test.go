@@ -75,7 +75,9 @@ func TestReferenceEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(asReference(t))
-	cmd.Env = referenceEnv(root, redis.Addr, "REDIS_PIPELINE_WINDOW=150us")
+	// A setting ignored, and two set that neither server reads with the
+	// others given: all three are named at start.
+	cmd.Env = referenceEnv(root, redis.Addr, "REDIS_PIPELINE_WINDOW=150us", "MEMCACHE_HOST_PORT=memcached:11211", "REDIS_PERSECOND_URL=127.0.0.1:2")
 	s := startProcess(t, cmd)
 
 	rls := rlsv3.NewRateLimitServiceClient(s.dial(t))
@@ -113,7 +115,7 @@ func TestReferenceEnvironment(t *testing.T) {
 		t.Errorf("/rlconfig on the debug port:\n%s", rc)
 	}
 	logs := strings.Join(s.logLines(), "\n")
-	for _, want := range []string{"compatibility mode", "settings not honoured", "REDIS_PIPELINE_WINDOW"} {
+	for _, want := range []string{"compatibility mode", "settings not honoured", "REDIS_PIPELINE_WINDOW", "MEMCACHE_HOST_PORT (a setting of the reference's memcached backend", "REDIS_PERSECOND_URL (not read"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs do not say %q:\n%s", want, logs)
 		}

@@ -138,7 +138,10 @@ func TestCompatEnvoyGateway(t *testing.T) {
 	for _, i := range ignored {
 		names = append(names, strings.Fields(i)[0])
 	}
-	if want := []string{"GRPC_SERVER_TLS_CA_CERT", "TRACING_SERVICE_INSTANCE_ID", "TRACING_SERVICE_NAMESPACE"}; !slices.Equal(names, want) {
+	// RUNTIME_*: Envoy Gateway sets them, and with rules over xDS
+	// neither server reads them.
+	if want := []string{"GRPC_SERVER_TLS_CA_CERT", "TRACING_SERVICE_INSTANCE_ID", "TRACING_SERVICE_NAMESPACE",
+		"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT"}; !slices.Equal(names, want) {
 		t.Errorf("ignored %q, want %v named", ignored, want)
 	}
 	if from["xds-server"] != "CONFIG_GRPC_XDS_SERVER_URL" || from["redis-url"] != "REDIS_URL" {
@@ -193,7 +196,7 @@ func TestCompatXDS(t *testing.T) {
 			t.Errorf("rules from xDS, yet %s", a)
 		}
 	}
-	if len(ignored) != 1 || !strings.HasPrefix(ignored[0], "XDS_CLIENT_BACKOFF_JITTER") {
+	if len(ignored) != 2 || !strings.HasPrefix(ignored[0], "XDS_CLIENT_BACKOFF_JITTER") || !strings.HasPrefix(ignored[1], "RUNTIME_IGNOREDOTFILES (the rules come over xDS") {
 		t.Errorf("ignored %q", ignored)
 	}
 }
@@ -279,13 +282,13 @@ func TestCompatIgnored(t *testing.T) {
 	_, ignored, _, err := compatArgs(env{
 		"RUNTIME_IGNOREDOTFILES":               "true",
 		"REDIS_PIPELINE_WINDOW":                "150us",
-		"REDIS_PIPELINE_LIMIT":                 "0", // its default
-		"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true",
+		"REDIS_PIPELINE_LIMIT":                 "0",    // its default
+		"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true", // honoured
 	}.lookup)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ignored) != 2 || !strings.HasPrefix(ignored[0], "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION (") || !strings.HasPrefix(ignored[1], "REDIS_PIPELINE_WINDOW (ratelimitd batches") {
+	if len(ignored) != 1 || !strings.HasPrefix(ignored[0], "REDIS_PIPELINE_WINDOW (ratelimitd batches") {
 		t.Errorf("ignored %q", ignored)
 	}
 }
@@ -318,7 +321,9 @@ func TestCompatServe(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "config", "a.yaml"), []byte("domain: a\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code = Main(context.Background(), []string{"serve"}, env{
+	// Without Redis, the reference's start would wait for it before any
+	// port opens; the command line says not to, and wins.
+	code = Main(context.Background(), []string{"serve", "-redis-startup-initial-interval", "0"}, env{
 		"RATELIMITD_COMPAT": "envoyproxy",
 		"REDIS_SOCKET_TYPE": "tcp",
 		"REDIS_URL":         "127.0.0.1:1",
@@ -356,6 +361,9 @@ func TestMigratingDocListsEverySetting(t *testing.T) {
 	for name := range ignoredSettings {
 		read[name] = true
 	}
+	for _, name := range referenceSettings { // all of settings.go
+		read[name] = true
+	}
 	for name := range read {
 		if strings.HasPrefix(name, "OTEL_") {
 			continue // ratelimitd's own
@@ -366,6 +374,31 @@ func TestMigratingDocListsEverySetting(t *testing.T) {
 	}
 	if len(read) < 80 {
 		t.Errorf("only %d settings read: the recording missed branches", len(read))
+	}
+}
+
+// TestCompatUnreadSettingsNamed: a reference setting set but not read
+// with the other settings given is named among those not honoured, and a
+// setting read is not.
+func TestCompatUnreadSettingsNamed(t *testing.T) {
+	_, ignored, _, err := compatArgs(env{
+		"MEMCACHE_HOST_PORT":  "memcached:11211",
+		"REDIS_PERSECOND_URL": "redis-persecond:6379",
+		"REDIS_POOL_SIZE":     "20",
+		"NOT_A_SETTING":       "x",
+	}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, i := range ignored {
+		names = append(names, strings.Fields(i)[0])
+	}
+	if want := []string{"RUNTIME_IGNOREDOTFILES=false", "REDIS_PERSECOND_URL", "MEMCACHE_HOST_PORT"}; !slices.Equal(names, want) {
+		t.Errorf("named %q, want %v", ignored, want)
+	}
+	if len(referenceSettings) != 114 {
+		t.Errorf("%d reference settings; settings.go at f2fb157 has 114", len(referenceSettings))
 	}
 }
 

@@ -40,6 +40,7 @@ type serveConfig struct {
 	redisCoalesce       int
 	redisKeyFormat      string
 	redisJitter         time.Duration
+	redisStartup        redisStartupConfig
 	localCacheKeys      int
 	lease               lease.Options
 	clockOffset         time.Duration
@@ -89,6 +90,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&c.config, "config", "config", "rule `path`: a YAML rule file, or a directory of *.yaml and *.yml rule files")
 	configReadingFlags(fs, &c.configOpts)
+	redisStartupFlags(fs, &c.redisStartup)
 	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*) or structured (RateLimit-Policy and RateLimit); Retry-After when over the limit")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", service.DefaultNearLimitRatio, "share of a limit past which an admitted descriptor counts as near_limit in the metrics")
 	fs.IntVar(&c.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
@@ -317,6 +319,9 @@ func (c *serveConfig) validate() error {
 func (c *serveConfig) validateRedis() error {
 	if c.redis.URL == "" {
 		return fmt.Errorf("%s is required with -backend redis: redis://host:port", c.source("redis-url"))
+	}
+	if err := c.redisStartup.validate(c.source); err != nil {
+		return err
 	}
 	switch m := redis.Mode(c.redisMode); m {
 	case redis.Standalone, redis.Sentinel, redis.Cluster:
