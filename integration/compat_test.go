@@ -296,3 +296,50 @@ func TestEnvoyGatewayRuleFiles(t *testing.T) {
 		t.Errorf("the start-up log does not warn once per file of the unused top-level name:\n%s", logs)
 	}
 }
+
+// TestReferenceRulesDoNotLoad: where the reference keeps running with no
+// rules (every call an error, health 200), ratelimitd in compatibility
+// mode exits with status 1 before opening any port, listing every problem
+// of every file, FORCE_START_WITHOUT_INITIAL_CONFIG or not; that setting
+// is named as without effect with files (docs/migrating.md).
+func TestReferenceRulesDoNotLoad(t *testing.T) {
+	t.Parallel()
+	redis := redistest.Start(t)
+	root := rulesRoot(t, "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minutes, requests_per_unit: 1}\n")
+	bad := filepath.Join(root, "ratelimit", "config", "sub", "b.yaml")
+	if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("domain: b\ndescriptors:\n  - kee: k\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, force := range []string{"false", "true"} {
+		cmd := exec.Command(asReference(t))
+		cmd.Env = referenceEnv(root, redis.Addr, "FORCE_START_WITHOUT_INITIAL_CONFIG="+force)
+		s := launchProcess(t, cmd)
+		select {
+		case <-s.exited:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("FORCE_START_WITHOUT_INITIAL_CONFIG=%s: still running with rules that do not load", force)
+		}
+		var exitErr *exec.ExitError
+		if !errors.As(s.waitErr, &exitErr) || exitErr.ExitCode() != 1 {
+			t.Errorf("FORCE_START_WITHOUT_INITIAL_CONFIG=%s: exit %v, want status 1", force, s.waitErr)
+		}
+		logs := strings.Join(s.logLines(), "\n")
+		for _, want := range []string{
+			`config/rules.yaml:4:24: descriptors[0].rate_limit.unit: unknown unit \"minutes\"`,
+			`config/sub/b.yaml:3:5: descriptors[0].kee: unknown field \"kee\"`,
+		} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("FORCE_START_WITHOUT_INITIAL_CONFIG=%s: the log does not list %s:\n%s", force, want, logs)
+			}
+		}
+		if force == "true" && !strings.Contains(logs, "FORCE_START_WITHOUT_INITIAL_CONFIG (with rule files, nothing is waited for") {
+			t.Errorf("FORCE_START_WITHOUT_INITIAL_CONFIG=true is not named as without effect:\n%s", logs)
+		}
+		if len(s.listening) != 0 {
+			t.Errorf("ports opened: %v", s.listening)
+		}
+	}
+}

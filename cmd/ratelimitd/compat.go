@@ -231,7 +231,7 @@ func (c *compat) rules() {
 	switch t := c.get("CONFIG_TYPE", "FILE"); strings.ToUpper(t) {
 	case "FILE":
 		if c.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false) {
-			c.ignored = append(c.ignored, "FORCE_START_WITHOUT_INITIAL_CONFIG (only rules over xDS wait for a first configuration)")
+			c.ignored = append(c.ignored, "FORCE_START_WITHOUT_INITIAL_CONFIG (with rule files, nothing is waited for: they load before any port opens, and rules that do not load stop the start, exit 1; docs/migrating.md#rules-that-do-not-load)")
 		}
 	case "GRPC_XDS_SOTW":
 		c.xds()
