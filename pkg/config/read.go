@@ -74,8 +74,8 @@ func (r *reader) dir(d string, depth int) error {
 			// timestamped directories, reached through the links
 			// beside them: a dot directory is never read, nor warned
 			// of. A dot file that looks like rules is warned of.
-			if !e.IsDir() && isRuleName(name) {
-				r.warn(full, "not read: names starting with \".\" are skipped; rename it without the dot to load it")
+			if !e.IsDir() {
+				r.sniff(full, "not read: names starting with \".\" are skipped; rename it without the dot to load it")
 			}
 			continue
 		}

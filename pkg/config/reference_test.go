@@ -155,6 +155,7 @@ func TestNativeLayout(t *testing.T) {
 		"rules.conf":          oneLimit("conf"),
 		"NOTES.txt":           "nothing here\n",
 		".hidden.yml":         oneLimit("hidden"),
+		".rules":              oneLimit("dotted"),
 		"..2026_11_27/x.yaml": oneLimit("configmap-internals"),
 	})
 	rules, err := Load(root)
@@ -172,6 +173,7 @@ func TestNativeLayout(t *testing.T) {
 	}
 	want := strings.Join([]string{
 		".hidden.yml: not read: names starting with \".\" are skipped; rename it without the dot to load it",
+		".rules: not read: names starting with \".\" are skipped; rename it without the dot to load it",
 		"rules.conf: not read: it holds a domain, but only files named *.yaml or *.yml are rule files; rename it to load it",
 		"sub/deeper/rules: not read: rule files are read only directly in " + root + ", not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)",
 		"sub/nested.yaml: not read: rule files are read only directly in " + root + ", not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)",
