@@ -28,6 +28,7 @@ var allowedDeps = map[string][]string{
 	"pkg/backend/lease":     {"pkg/algo"},
 	"internal/redistest":    {},
 	"internal/xdstest":      {},
+	"internal/reftest":      {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
 	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key"}, // a service: takes its budget through the algo.Backend interface
@@ -46,7 +47,7 @@ var allowedDeps = map[string][]string{
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
+var stdlibOnly = []string{"internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/reftest"
 )
 
 // asReference copies the ratelimitd binary to a directory of the test as
@@ -74,7 +75,9 @@ func TestReferenceEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(asReference(t))
-	cmd.Env = referenceEnv(root, redis.Addr, "REDIS_PIPELINE_WINDOW=150us")
+	// A setting ignored, and two set that neither server reads with the
+	// others given: all three are named at start.
+	cmd.Env = referenceEnv(root, redis.Addr, "REDIS_PIPELINE_WINDOW=150us", "MEMCACHE_HOST_PORT=memcached:11211", "REDIS_PERSECOND_URL=127.0.0.1:2")
 	s := startProcess(t, cmd)
 
 	rls := rlsv3.NewRateLimitServiceClient(s.dial(t))
@@ -112,7 +115,7 @@ func TestReferenceEnvironment(t *testing.T) {
 		t.Errorf("/rlconfig on the debug port:\n%s", rc)
 	}
 	logs := strings.Join(s.logLines(), "\n")
-	for _, want := range []string{"compatibility mode", "settings not honoured", "REDIS_PIPELINE_WINDOW"} {
+	for _, want := range []string{"compatibility mode", "settings not honoured", "REDIS_PIPELINE_WINDOW", "MEMCACHE_HOST_PORT (a setting of the reference's memcached backend", "REDIS_PERSECOND_URL (not read"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs do not say %q:\n%s", want, logs)
 		}
@@ -180,6 +183,163 @@ func TestReferenceEnvironmentMutualTLS(t *testing.T) {
 		}
 		if err := call(s.grpcAddr, false); (err == nil) != c.without {
 			t.Errorf("SAN %s, client without a certificate: %v; served: want %v", c.san, err, c.without)
+		}
+	}
+}
+
+// TestReferenceRuleFiles runs the binary as /bin/ratelimit on the runtime
+// tree envoyproxy/ratelimit was run on (pkg/config/testdata/reference/
+// layout), under RUNTIME_WATCH_ROOT=true and false, and answers every
+// descriptor as the reference answered it there (layout.answers.txt,
+// recorded from its commit f2fb157): rule files in subdirectories and of
+// any name read, rate_limit: null as no limit, a top-level name, an empty
+// trailing document, a field given twice (the last wins), a second
+// document not read. The start-up log warns of each, naming file and line.
+func TestReferenceRuleFiles(t *testing.T) {
+	t.Parallel()
+	sections, err := reftest.Read("../pkg/config/testdata/reference/layout.answers.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := filepath.Abs("../pkg/config/testdata/reference/layout/rt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sections {
+		t.Run(s.Name, func(t *testing.T) {
+			t.Parallel()
+			redis := redistest.Start(t)
+			cmd := exec.Command(asReference(t))
+			cmd.Env = referenceEnv(root, redis.Addr, s.Name)
+			srv := startProcess(t, cmd)
+			replay(t, rlsv3.NewRateLimitServiceClient(srv.dial(t)), s)
+			logs := strings.Join(srv.logLines(), "\n")
+			for _, want := range []string{
+				"config/dup.yaml:5:5: descriptors[0].rate_limit: given twice",
+				"config/sub/nested.yaml:1:1: name: not used",
+				"config/sub/nested.yaml:6:1: an empty YAML document",
+				"config/twodocs.yaml:5:1: a second YAML document, not read",
+				"config/linkdir: not read: a symbolic link to a directory",
+			} {
+				if !strings.Contains(logs, want) {
+					t.Errorf("the start-up log does not warn %q", want)
+				}
+			}
+		})
+	}
+}
+
+// replay sends each descriptor of a recording of the reference as many
+// times as it answered it there, and compares every answer: overall code,
+// the descriptor's code, its current limit and what remains.
+func replay(t *testing.T, rls rlsv3.RateLimitServiceClient, s reftest.Section) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range s.Cases {
+		entries := make([]*rlv3.RateLimitDescriptor_Entry, len(c.Entries))
+		for i, e := range c.Entries {
+			entries[i] = &rlv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value}
+		}
+		for i, want := range c.Answers {
+			resp, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: c.Domain,
+				Descriptors: []*rlv3.RateLimitDescriptor{{Entries: entries}}})
+			if err != nil {
+				t.Fatalf("%s %v call %d: %v", c.Domain, c.Entries, i+1, err)
+			}
+			st := resp.Statuses[0]
+			got := reftest.Answer{Overall: resp.OverallCode.String(), Code: st.Code.String(),
+				Limit: st.GetCurrentLimit().GetRequestsPerUnit(), Remaining: st.LimitRemaining}
+			if st.CurrentLimit != nil {
+				got.Unit = st.CurrentLimit.Unit.String()
+			}
+			if got != want {
+				t.Errorf("%s %v call %d: %+v; the reference answered %+v", c.Domain, c.Entries, i+1, got, want)
+			}
+		}
+	}
+}
+
+// TestEnvoyGatewayRuleFiles runs the binary as /bin/ratelimit on six rule
+// files written in exactly the shape Envoy Gateway generates
+// (integration/testdata/envoygateway/rt/ratelimit/config, each naming the
+// file of envoyproxy/gateway d32f282 it follows: a top-level name,
+// rate_limit: null on every intermediate descriptor, empty name, replaces
+// and descriptors, every flag written out) and decides descriptors built
+// as Envoy Gateway's route actions build them exactly as the reference
+// decided them on the same files (answers.txt, from its commit f2fb157).
+func TestEnvoyGatewayRuleFiles(t *testing.T) {
+	t.Parallel()
+	sections, err := reftest.Read("testdata/envoygateway/answers.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := filepath.Abs("testdata/envoygateway/rt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The limits are per hour, month and year: stay away from the hour's
+	// end, where two calls could fall in two windows.
+	if left := time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)); left < 10*time.Second {
+		time.Sleep(left + time.Second)
+	}
+	redis := redistest.Start(t)
+	cmd := exec.Command(asReference(t))
+	cmd.Env = referenceEnv(root, redis.Addr)
+	srv := startProcess(t, cmd)
+	s := reftest.Find(sections, "envoygateway")
+	if s == nil || len(s.Cases) < 10 {
+		t.Fatal("no recorded answers")
+	}
+	replay(t, rlsv3.NewRateLimitServiceClient(srv.dial(t)), *s)
+	if logs := strings.Join(srv.logLines(), "\n"); strings.Count(logs, "name: not used") != 6 {
+		t.Errorf("the start-up log does not warn once per file of the unused top-level name:\n%s", logs)
+	}
+}
+
+// TestReferenceRulesDoNotLoad: where the reference keeps running with no
+// rules (every call an error, health 200), ratelimitd in compatibility
+// mode exits with status 1 before opening any port, listing every problem
+// of every file, FORCE_START_WITHOUT_INITIAL_CONFIG or not; that setting
+// is named as without effect with files (docs/migrating.md).
+func TestReferenceRulesDoNotLoad(t *testing.T) {
+	t.Parallel()
+	redis := redistest.Start(t)
+	root := rulesRoot(t, "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minutes, requests_per_unit: 1}\n")
+	bad := filepath.Join(root, "ratelimit", "config", "sub", "b.yaml")
+	if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("domain: b\ndescriptors:\n  - kee: k\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, force := range []string{"false", "true"} {
+		cmd := exec.Command(asReference(t))
+		cmd.Env = referenceEnv(root, redis.Addr, "FORCE_START_WITHOUT_INITIAL_CONFIG="+force)
+		s := launchProcess(t, cmd)
+		select {
+		case <-s.exited:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("FORCE_START_WITHOUT_INITIAL_CONFIG=%s: still running with rules that do not load", force)
+		}
+		var exitErr *exec.ExitError
+		if !errors.As(s.waitErr, &exitErr) || exitErr.ExitCode() != 1 {
+			t.Errorf("FORCE_START_WITHOUT_INITIAL_CONFIG=%s: exit %v, want status 1", force, s.waitErr)
+		}
+		logs := strings.Join(s.logLines(), "\n")
+		for _, want := range []string{
+			`config/rules.yaml:4:24: descriptors[0].rate_limit.unit: unknown unit \"minutes\"`,
+			`config/sub/b.yaml:3:5: descriptors[0].kee: unknown field \"kee\"`,
+		} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("FORCE_START_WITHOUT_INITIAL_CONFIG=%s: the log does not list %s:\n%s", force, want, logs)
+			}
+		}
+		if force == "true" && !strings.Contains(logs, "FORCE_START_WITHOUT_INITIAL_CONFIG (with rule files, nothing is waited for") {
+			t.Errorf("FORCE_START_WITHOUT_INITIAL_CONFIG=true is not named as without effect:\n%s", logs)
+		}
+		if len(s.listening) != 0 {
+			t.Errorf("ports opened: %v", s.listening)
 		}
 	}
 }

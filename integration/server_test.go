@@ -68,6 +68,8 @@ type server struct {
 	exited   chan struct{}
 	waitErr  error
 
+	addrs chan [2]string // log message and address of listeners, for startProcess
+
 	mu        sync.Mutex
 	logs      []string
 	listening map[string]string // log message → address, of every listener logged
@@ -126,7 +128,37 @@ func listening(line string) (msg, addr string) {
 // and waits until it logs where it listens.
 func startProcess(t *testing.T, cmd *exec.Cmd) *server {
 	t.Helper()
-	s := &server{cmd: cmd, exited: make(chan struct{}), listening: map[string]string{}}
+	return startProcessWait(t, launchProcess(t, cmd))
+}
+
+// startProcessWait waits until s, launched by launchProcess, logs where
+// it listens, and returns it.
+func startProcessWait(t *testing.T, s *server) *server {
+	t.Helper()
+	deadline := time.After(startupTimeout)
+	for s.grpcAddr == "" || s.httpAddr == "" {
+		select {
+		case a := <-s.addrs:
+			switch a[0] {
+			case "serving gRPC":
+				s.grpcAddr = a[1]
+			case "serving HTTP":
+				s.httpAddr = a[1]
+			}
+		case <-s.exited:
+			t.Fatalf("ratelimitd exited before serving: %v\n%s", s.waitErr, strings.Join(s.logLines(), "\n"))
+		case <-deadline:
+			t.Fatalf("ratelimitd did not log its addresses within %v", startupTimeout)
+		}
+	}
+	return s
+}
+
+// launchProcess starts cmd, a ratelimitd logging at level info or more,
+// and returns at once: startProcess waits for its addresses.
+func launchProcess(t *testing.T, cmd *exec.Cmd) *server {
+	t.Helper()
+	s := &server{cmd: cmd, exited: make(chan struct{}), listening: map[string]string{}, addrs: make(chan [2]string, 16)}
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +166,6 @@ func startProcess(t *testing.T, cmd *exec.Cmd) *server {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	addrs := make(chan [2]string, 16)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -144,7 +175,7 @@ func startProcess(t *testing.T, cmd *exec.Cmd) *server {
 			s.mu.Unlock()
 			if msg, addr := listening(line); addr != "" {
 				select {
-				case addrs <- [2]string{msg, addr}:
+				case s.addrs <- [2]string{msg, addr}:
 				default: // more listeners than startProcess reads
 				}
 				s.mu.Lock()
@@ -162,23 +193,6 @@ func startProcess(t *testing.T, cmd *exec.Cmd) *server {
 			t.Logf("server logs:\n%s", strings.Join(s.logLines(), "\n"))
 		}
 	})
-
-	deadline := time.After(startupTimeout)
-	for s.grpcAddr == "" || s.httpAddr == "" {
-		select {
-		case a := <-addrs:
-			switch a[0] {
-			case "serving gRPC":
-				s.grpcAddr = a[1]
-			case "serving HTTP":
-				s.httpAddr = a[1]
-			}
-		case <-s.exited:
-			t.Fatalf("ratelimitd exited before serving: %v\n%s", s.waitErr, strings.Join(s.logLines(), "\n"))
-		case <-deadline:
-			t.Fatalf("ratelimitd did not log its addresses within %v", startupTimeout)
-		}
-	}
 	return s
 }
 

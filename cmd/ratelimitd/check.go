@@ -14,6 +14,8 @@ import (
 func checkConfig(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
 	path := fs.String("config", "config", "rule `path`: a YAML rule file, or a directory of rule files")
+	var opts config.Options
+	configReadingFlags(fs, &opts)
 	if _, err := parseFlags(fs, args, lookupEnv, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -21,10 +23,13 @@ func checkConfig(args []string, lookupEnv func(string) (string, bool), stdout, s
 		fmt.Fprintf(stderr, "ratelimitd check-config: %v\n", err)
 		return exitUsage
 	}
-	rules, err := config.Load(*path)
+	rules, err := config.LoadOptions(*path, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return exitError
+	}
+	for _, w := range rules.Warnings() {
+		fmt.Fprintln(stderr, "warning: "+w.Error())
 	}
 	n := 0
 	for _, d := range rules.Domains() {

@@ -63,11 +63,7 @@ var ignoredSettings = map[string]string{
 	"REDIS_PIPELINE_WINDOW":                         "ratelimitd batches Redis calls by itself (-redis-coalesce)",
 	"REDIS_PIPELINE_LIMIT":                          "ratelimitd batches Redis calls by itself (-redis-coalesce)",
 	"REDIS_CLUSTER_PIPELINE_PARALLELISM":            "ratelimitd sends one call per Cluster slot, in parallel",
-	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":          "health stays serving with Redis down: the failure mode decides",
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR":                  "a call waits for a pooled connection up to -redis-read-timeout",
-	"REDIS_STARTUP_INITIAL_INTERVAL":                "ratelimitd starts without Redis and connects when it can",
-	"REDIS_STARTUP_MAX_INTERVAL":                    "ratelimitd starts without Redis and connects when it can",
-	"REDIS_STARTUP_MAX_ELAPSED_TIME":                "ratelimitd starts without Redis and connects when it can",
 	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":          "the server's certificate is always verified",
 	"RESPONSE_DYNAMIC_METADATA":                     "not supported",
 	"LIMIT_LIMIT_HEADER":                            "headers use the standard names (RateLimit-Limit)",
@@ -88,7 +84,6 @@ var ignoredSettings = map[string]string{
 // default is not empty: set to it, a setting changes nothing and is not
 // warned of. Read only.
 var ignoredDefaults = map[string]string{
-	"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION":          "false",
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR":                  "WAIT",
 	"REDIS_PIPELINE_WINDOW":                         "0",
 	"REDIS_PIPELINE_LIMIT":                          "0",
@@ -162,7 +157,11 @@ func (c *compat) refuse(format string, args ...any) {
 // cannot be honoured, such as one that would change decisions if
 // ratelimitd ran anyway.
 func compatArgs(lookupEnv func(string) (string, bool)) (args, ignored []string, from map[string]string, err error) {
-	c := &compat{lookupEnv: lookupEnv, from: map[string]string{}}
+	read := map[string]bool{}
+	c := &compat{lookupEnv: func(name string) (string, bool) {
+		read[name] = true
+		return lookupEnv(name)
+	}, from: map[string]string{}}
 	c.listeners()
 	c.logging()
 	c.rules()
@@ -175,6 +174,7 @@ func compatArgs(lookupEnv func(string) (string, bool)) (args, ignored []string, 
 			c.ignored = append(c.ignored, name+" ("+ignoredSettings[name]+")")
 		}
 	}
+	c.ignored = append(c.ignored, unreadSettings(lookupEnv, read, strings.EqualFold(c.get("CONFIG_TYPE", "FILE"), "GRPC_XDS_SOTW"))...)
 	if len(c.errs) > 0 {
 		return nil, nil, nil, fmt.Errorf("envoyproxy/ratelimit compatibility mode cannot honour its environment:\n  %s", strings.Join(c.errs, "\n  "))
 	}
@@ -231,7 +231,7 @@ func (c *compat) rules() {
 	switch t := c.get("CONFIG_TYPE", "FILE"); strings.ToUpper(t) {
 	case "FILE":
 		if c.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false) {
-			c.ignored = append(c.ignored, "FORCE_START_WITHOUT_INITIAL_CONFIG (only rules over xDS wait for a first configuration)")
+			c.ignored = append(c.ignored, "FORCE_START_WITHOUT_INITIAL_CONFIG (with rule files, nothing is waited for: they load before any port opens, and rules that do not load stop the start, exit 1; docs/migrating.md#rules-that-do-not-load)")
 		}
 	case "GRPC_XDS_SOTW":
 		c.xds()
@@ -239,10 +239,25 @@ func (c *compat) rules() {
 	default:
 		c.refuse("CONFIG_TYPE=%q; accepted: FILE, GRPC_XDS_SOTW", t)
 	}
-	dir := filepath.Join(c.get("RUNTIME_ROOT", "/srv/runtime_data/current"), c.get("RUNTIME_SUBDIRECTORY", ""), c.get("RUNTIME_APPDIRECTORY", "config"))
-	c.flag("config", dir, "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY")
-	c.flag("watch-config", "true", "RUNTIME_WATCH_ROOT")
-	c.bool("RUNTIME_WATCH_ROOT", true) // either way: checked, and honoured
+	// The files are those the reference's runtime loader reads
+	// (src/provider/file_provider.go, setupRuntime and sendEvent; lyft/
+	// goruntime loader.go, walkDirectoryCallback): every file below the
+	// directory, recursively, whatever its name. With RUNTIME_WATCH_ROOT
+	// (its default) it walks RUNTIME_ROOT/RUNTIME_SUBDIRECTORY and keeps
+	// the files whose path there, "/" written ".", starts with
+	// RUNTIME_APPDIRECTORY + "." (so also a sibling config.extra.yaml);
+	// without, it walks RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
+	// RUNTIME_APPDIRECTORY.
+	root := filepath.Join(c.get("RUNTIME_ROOT", "/srv/runtime_data/current"), c.get("RUNTIME_SUBDIRECTORY", ""))
+	app := c.get("RUNTIME_APPDIRECTORY", "config")
+	c.flag("config-reference", "true", "RATELIMITD_COMPAT")
+	if c.bool("RUNTIME_WATCH_ROOT", true) {
+		c.flag("config", root, "RUNTIME_ROOT and RUNTIME_SUBDIRECTORY")
+		c.flag("config-reference-prefix", app+".", "RUNTIME_APPDIRECTORY")
+	} else {
+		c.flag("config", filepath.Join(root, app), "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY")
+	}
+	c.flag("watch-config", "true", "RUNTIME_WATCH_ROOT") // either way, the tree is watched
 	if !c.bool("RUNTIME_IGNOREDOTFILES", false) {
 		// ratelimitd always skips dot files (and Kubernetes' ..data
 		// directories); the reference would load them.
@@ -252,7 +267,8 @@ func (c *compat) rules() {
 		c.refuse("MERGE_DOMAIN_CONFIG=true: ratelimitd keeps each domain in one file, and refuses a domain defined twice rather than merge it")
 	}
 	// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED holds anyway: files are
-	// loaded before any port opens.
+	// loaded before any port opens, and a set that loads has a domain
+	// (one with none is refused, and the server exits).
 	c.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)
 }
 
@@ -292,9 +308,12 @@ func (c *compat) xds() {
 	c.flag("xds-backoff-max", c.duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s"), "XDS_CLIENT_BACKOFF_MAX_INTERVAL")
 	if c.bool("FORCE_START_WITHOUT_INITIAL_CONFIG", false) {
 		c.flag("xds-force-start", "true", "FORCE_START_WITHOUT_INITIAL_CONFIG")
-		if c.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false) {
-			c.flag("xds-ready-with-rules", "true", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")
-		}
+	}
+	// Health follows whether the rules in force hold a domain, before
+	// the first rules and after every update (src/service/ratelimit.go,
+	// SetConfig).
+	if c.bool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false) {
+		c.flag("xds-ready-with-rules", "true", "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED")
 	}
 }
 
@@ -344,6 +363,7 @@ func (c *compat) backend() {
 	} else {
 		c.flag("redis-expiration-jitter", strconv.FormatUint(n, 10)+"s", "EXPIRATION_JITTER_MAX_SECONDS")
 	}
+	c.redisStartupAndHealth()
 	c.flag("redis-pool-size", c.get("REDIS_POOL_SIZE", "10"), "REDIS_POOL_SIZE")
 	timeout := c.duration("REDIS_TIMEOUT", "10s")
 	c.flag("redis-read-timeout", timeout, "REDIS_TIMEOUT")
@@ -356,6 +376,22 @@ func (c *compat) backend() {
 		if v := c.get(env, ""); v != "" {
 			c.flag(flag, v, env)
 		}
+	}
+}
+
+// redisStartupAndHealth: Redis at start and in the health checks, as the
+// reference has them (src/redis/driver_impl.go, newClientImpl): no port
+// opens before Redis answers a PING, tried again after
+// REDIS_STARTUP_INITIAL_INTERVAL, doubling up to
+// REDIS_STARTUP_MAX_INTERVAL (jittered), given up after
+// REDIS_STARTUP_MAX_ELAPSED_TIME (0: never); with
+// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION, health follows Redis.
+func (c *compat) redisStartupAndHealth() {
+	c.flag("redis-startup-initial-interval", c.duration("REDIS_STARTUP_INITIAL_INTERVAL", "1s"), "REDIS_STARTUP_INITIAL_INTERVAL")
+	c.flag("redis-startup-max-interval", c.duration("REDIS_STARTUP_MAX_INTERVAL", "30s"), "REDIS_STARTUP_MAX_INTERVAL")
+	c.flag("redis-startup-max-elapsed-time", c.duration("REDIS_STARTUP_MAX_ELAPSED_TIME", "0s"), "REDIS_STARTUP_MAX_ELAPSED_TIME")
+	if c.bool("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", false) {
+		c.flag("redis-health-check", "true", "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")
 	}
 }
 
@@ -423,6 +459,10 @@ func (c *compat) tracing() {
 		default:
 			c.refuse("TRACING_EXPORTER_PROTOCOL=%q; accepted: http, grpc", p)
 		}
+		// Mapped by compatEnvironment, which reads them when tracing
+		// starts.
+		c.get("TRACING_SERVICE_NAME", "")
+		c.get("TRACING_SAMPLING_RATE", "")
 	}
 }
 

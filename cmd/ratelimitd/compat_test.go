@@ -42,7 +42,7 @@ func TestCompatDefaults(t *testing.T) {
 		"-http-addr=0.0.0.0:8080", "-grpc-addr=0.0.0.0:8081", "-debug-addr=0.0.0.0:6070",
 		"-grpc-max-connection-age=24h", "-grpc-max-connection-age-grace=1h",
 		"-log-level=warn", "-log-format=text",
-		"-config=/srv/runtime_data/current/config", "-watch-config=true",
+		"-config=/srv/runtime_data/current", "-config-reference=true", "-config-reference-prefix=config.", "-watch-config=true",
 		"-backend=redis", "-redis-url=unix:///var/run/nutcracker/ratelimit.sock", "-redis-mode=standalone",
 		"-redis-pool-size=10", "-redis-read-timeout=10s", "-near-limit-ratio=0.8",
 		"-redis-key-format=reference", "-redis-prefix=", "-redis-expiration-jitter=300s",
@@ -57,40 +57,105 @@ func TestCompatDefaults(t *testing.T) {
 	}
 }
 
-// TestCompatEnvoyGateway: the environment Envoy Gateway gives the
-// reference's container (rules from files here; over xDS in the
-// integration test).
+// envoyGatewayEnv is exactly the environment Envoy Gateway gives the
+// reference's container, every optional branch taken (a Redis with TLS
+// and a client certificate, Prometheus, tracing): envoyproxy/gateway
+// d32f28294245e454d20f81d323d626a90e660c1e (resource.go last changed in
+// a89c775), internal/infrastructure/kubernetes/ratelimit/resource.go,
+// expectedRateLimitContainerEnv, with its constants' values.
+var envoyGatewayEnv = env{
+	"RUNTIME_ROOT":                       "/data",
+	"RUNTIME_SUBDIRECTORY":               "ratelimit",
+	"RUNTIME_IGNOREDOTFILES":             "true",
+	"RUNTIME_WATCH_ROOT":                 "false",
+	"LOG_LEVEL":                          "info",
+	"USE_STATSD":                         "false",
+	"CONFIG_TYPE":                        "GRPC_XDS_SOTW",
+	"CONFIG_GRPC_XDS_SERVER_URL":         "envoy-gateway:18001", // XdsGrpcSotwConfigServerHost:Port
+	"CONFIG_GRPC_XDS_NODE_ID":            "envoy-ratelimit",     // InfraName
+	"GRPC_SERVER_USE_TLS":                "true",
+	"GRPC_SERVER_TLS_CERT":               "/certs/tls.crt",
+	"GRPC_SERVER_TLS_KEY":                "/certs/tls.key",
+	"GRPC_SERVER_TLS_CA_CERT":            "/certs/ca.crt", // not a reference setting: neither reads it
+	"CONFIG_GRPC_XDS_SERVER_USE_TLS":     "true",
+	"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":    "/certs/tls.crt",
+	"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":     "/certs/tls.key",
+	"CONFIG_GRPC_XDS_SERVER_TLS_CACERT":  "/certs/ca.crt",
+	"FORCE_START_WITHOUT_INITIAL_CONFIG": "true",
+	// rateLimit.Backend.Redis
+	"REDIS_SOCKET_TYPE": "tcp",
+	"REDIS_URL":         "redis.envoy-gateway-system.svc.cluster.local:6379",
+	// rateLimit.Backend.Redis.TLS, with a CertificateRef
+	"REDIS_TLS":             "true",
+	"REDIS_TLS_CLIENT_CERT": "/redis-certs/tls.crt",
+	"REDIS_TLS_CLIENT_KEY":  "/redis-certs/tls.key",
+	// enablePrometheus
+	"USE_PROMETHEUS":         "true",
+	"PROMETHEUS_ADDR":        ":19001",
+	"PROMETHEUS_MAPPER_YAML": "/etc/statsd-exporter/conf.yaml",
+	// enableTracing
+	"TRACING_ENABLED":             "true",
+	"TRACING_SERVICE_NAME":        "envoy-ratelimit",
+	"TRACING_SERVICE_NAMESPACE":   "envoy-gateway-system",
+	"TRACING_SERVICE_INSTANCE_ID": "envoy-ratelimit-5d8f7c9b4-x2x7q", // metadata.name
+	"TRACING_SAMPLING_RATE":       "0.5",
+	"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.monitoring.svc:4318",
+}
+
+// TestCompatEnvoyGateway: Envoy Gateway's environment maps to rules over
+// xDS from envoy-gateway:18001 with mutual TLS, a TLS gRPC listener, a
+// Redis over TLS with a client certificate, the reference's Prometheus
+// series on :19001, and tracing; what it sets that neither the reference
+// nor ratelimitd reads is named.
 func TestCompatEnvoyGateway(t *testing.T) {
-	args, ignored, from, err := compatArgs(env{
-		"RUNTIME_ROOT":           "/data",
-		"RUNTIME_SUBDIRECTORY":   "ratelimit",
-		"RUNTIME_IGNOREDOTFILES": "true",
-		"RUNTIME_WATCH_ROOT":     "false",
-		"LOG_LEVEL":              "info",
-		"GRPC_SERVER_USE_TLS":    "true",
-		"GRPC_SERVER_TLS_CERT":   "/certs/tls.crt",
-		"GRPC_SERVER_TLS_KEY":    "/certs/tls.key",
-		"GRPC_CLIENT_TLS_CACERT": "/certs/ca.crt",
-		"REDIS_SOCKET_TYPE":      "tcp",
-		"REDIS_URL":              "redis.envoy-gateway-system.svc.cluster.local:6379",
-	}.lookup)
+	args, ignored, from, err := compatArgs(envoyGatewayEnv.lookup)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		"-config=/data/ratelimit/config", "-log-level=info",
-		"-grpc-tls-cert=/certs/tls.crt", "-grpc-tls-key=/certs/tls.key", "-grpc-tls-client-ca=/certs/ca.crt",
-		"-redis-url=redis://redis.envoy-gateway-system.svc.cluster.local:6379",
+		"-log-level=info",
+		"-xds-server=envoy-gateway:18001", "-xds-node-id=envoy-ratelimit", "-xds-force-start=true",
+		"-xds-tls=true", "-xds-tls-cert=/certs/tls.crt", "-xds-tls-key=/certs/tls.key", "-xds-tls-ca=/certs/ca.crt",
+		"-grpc-tls-cert=/certs/tls.crt", "-grpc-tls-key=/certs/tls.key",
+		"-redis-url=rediss://redis.envoy-gateway-system.svc.cluster.local:6379",
+		"-redis-tls-cert=/redis-certs/tls.crt", "-redis-tls-key=/redis-certs/tls.key",
+		"-reference-metrics-addr=:19001", "-reference-metrics-mapping=/etc/statsd-exporter/conf.yaml",
+		"-tracing=true",
 	} {
 		if !slices.Contains(args, want) {
 			t.Errorf("args lack %s: %q", want, args)
 		}
 	}
-	if len(ignored) != 0 {
-		t.Errorf("ignored %q", ignored)
+	// The reference takes client CAs from GRPC_CLIENT_TLS_CACERT only:
+	// under Envoy Gateway its listener is TLS without client
+	// certificates, and so is ratelimitd's.
+	for _, a := range args {
+		if strings.HasPrefix(a, "-grpc-tls-client-ca=") || strings.HasPrefix(a, "-statsd-addr=") {
+			t.Errorf("args hold %s", a)
+		}
 	}
-	if from["config"] != "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY" || from["redis-url"] != "REDIS_URL" {
+	var names []string
+	for _, i := range ignored {
+		names = append(names, strings.Fields(i)[0])
+	}
+	// RUNTIME_*: Envoy Gateway sets them, and with rules over xDS
+	// neither server reads them.
+	if want := []string{"GRPC_SERVER_TLS_CA_CERT", "TRACING_SERVICE_INSTANCE_ID", "TRACING_SERVICE_NAMESPACE",
+		"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT"}; !slices.Equal(names, want) {
+		t.Errorf("ignored %q, want %v named", ignored, want)
+	}
+	if from["xds-server"] != "CONFIG_GRPC_XDS_SERVER_URL" || from["redis-url"] != "REDIS_URL" {
 		t.Errorf("sources %v", from)
+	}
+	otel := compatEnvironment(envoyGatewayEnv.lookup)
+	for name, want := range map[string]string{
+		"OTEL_SERVICE_NAME":           "envoy-ratelimit",
+		"OTEL_TRACES_SAMPLER_ARG":     "0.5",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.monitoring.svc:4318",
+	} {
+		if got, _ := otel(name); got != want {
+			t.Errorf("%s=%q, want %q", name, got, want)
+		}
 	}
 }
 
@@ -131,7 +196,7 @@ func TestCompatXDS(t *testing.T) {
 			t.Errorf("rules from xDS, yet %s", a)
 		}
 	}
-	if len(ignored) != 1 || !strings.HasPrefix(ignored[0], "XDS_CLIENT_BACKOFF_JITTER") {
+	if len(ignored) != 2 || !strings.HasPrefix(ignored[0], "XDS_CLIENT_BACKOFF_JITTER") || !strings.HasPrefix(ignored[1], "RUNTIME_IGNOREDOTFILES (the rules come over xDS") {
 		t.Errorf("ignored %q", ignored)
 	}
 }
@@ -217,13 +282,13 @@ func TestCompatIgnored(t *testing.T) {
 	_, ignored, _, err := compatArgs(env{
 		"RUNTIME_IGNOREDOTFILES":               "true",
 		"REDIS_PIPELINE_WINDOW":                "150us",
-		"REDIS_PIPELINE_LIMIT":                 "0", // its default
-		"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true",
+		"REDIS_PIPELINE_LIMIT":                 "0",    // its default
+		"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true", // honoured
 	}.lookup)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ignored) != 2 || !strings.HasPrefix(ignored[0], "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION (") || !strings.HasPrefix(ignored[1], "REDIS_PIPELINE_WINDOW (ratelimitd batches") {
+	if len(ignored) != 1 || !strings.HasPrefix(ignored[0], "REDIS_PIPELINE_WINDOW (ratelimitd batches") {
 		t.Errorf("ignored %q", ignored)
 	}
 }
@@ -256,7 +321,9 @@ func TestCompatServe(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "config", "a.yaml"), []byte("domain: a\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code = Main(context.Background(), []string{"serve"}, env{
+	// Without Redis, the reference's start would wait for it before any
+	// port opens; the command line says not to, and wins.
+	code = Main(context.Background(), []string{"serve", "-redis-startup-initial-interval", "0"}, env{
 		"RATELIMITD_COMPAT": "envoyproxy",
 		"REDIS_SOCKET_TYPE": "tcp",
 		"REDIS_URL":         "127.0.0.1:1",
@@ -294,6 +361,9 @@ func TestMigratingDocListsEverySetting(t *testing.T) {
 	for name := range ignoredSettings {
 		read[name] = true
 	}
+	for _, name := range referenceSettings { // all of settings.go
+		read[name] = true
+	}
 	for name := range read {
 		if strings.HasPrefix(name, "OTEL_") {
 			continue // ratelimitd's own
@@ -304,6 +374,31 @@ func TestMigratingDocListsEverySetting(t *testing.T) {
 	}
 	if len(read) < 80 {
 		t.Errorf("only %d settings read: the recording missed branches", len(read))
+	}
+}
+
+// TestCompatUnreadSettingsNamed: a reference setting set but not read
+// with the other settings given is named among those not honoured, and a
+// setting read is not.
+func TestCompatUnreadSettingsNamed(t *testing.T) {
+	_, ignored, _, err := compatArgs(env{
+		"MEMCACHE_HOST_PORT":  "memcached:11211",
+		"REDIS_PERSECOND_URL": "redis-persecond:6379",
+		"REDIS_POOL_SIZE":     "20",
+		"NOT_A_SETTING":       "x",
+	}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, i := range ignored {
+		names = append(names, strings.Fields(i)[0])
+	}
+	if want := []string{"RUNTIME_IGNOREDOTFILES=false", "REDIS_PERSECOND_URL", "MEMCACHE_HOST_PORT"}; !slices.Equal(names, want) {
+		t.Errorf("named %q, want %v", ignored, want)
+	}
+	if len(referenceSettings) != 114 {
+		t.Errorf("%d reference settings; settings.go at f2fb157 has 114", len(referenceSettings))
 	}
 }
 

@@ -24,6 +24,7 @@ const envPrefix = "RATELIMITD_"
 // serveConfig is everything serve is configured with.
 type serveConfig struct {
 	config              string
+	configOpts          config.Options
 	grpcAddr            string
 	grpcMaxConnAge      time.Duration
 	grpcMaxConnAgeGrace time.Duration
@@ -39,6 +40,7 @@ type serveConfig struct {
 	redisCoalesce       int
 	redisKeyFormat      string
 	redisJitter         time.Duration
+	redisStartup        redisStartupConfig
 	localCacheKeys      int
 	lease               lease.Options
 	clockOffset         time.Duration
@@ -87,6 +89,8 @@ func (c *serveConfig) source(name string) string {
 func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.StringVar(&c.config, "config", "config", "rule `path`: a YAML rule file, or a directory of *.yaml and *.yml rule files")
+	configReadingFlags(fs, &c.configOpts)
+	redisStartupFlags(fs, &c.redisStartup)
 	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*) or structured (RateLimit-Policy and RateLimit); Retry-After when over the limit")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", service.DefaultNearLimitRatio, "share of a limit past which an admitted descriptor counts as near_limit in the metrics")
 	fs.IntVar(&c.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
@@ -190,6 +194,13 @@ func parseFlags(fs *flag.FlagSet, args []string, lookupEnv func(string) (string,
 // from RATELIMITD_GRPC_ADDR.
 func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// configReadingFlags defines the flags that say how -config is read
+// (config.Options); compatibility mode sets them from RUNTIME_*.
+func configReadingFlags(fs *flag.FlagSet, o *config.Options) {
+	fs.BoolVar(&o.Reference, "config-reference", false, "read and decode -config as envoyproxy/ratelimit does: every file below the directory, subdirectories included; only a file's first YAML document; the last of a field given twice; each with a warning (docs/rules.md#reading-rule-files)")
+	fs.StringVar(&o.Prefix, "config-reference-prefix", "", "with -config-reference, read only the files whose path below -config, each / written ., starts with this `prefix` (envoyproxy/ratelimit's RUNTIME_WATCH_ROOT=true reads RUNTIME_APPDIRECTORY. below RUNTIME_ROOT/RUNTIME_SUBDIRECTORY)")
 }
 
 // validate checks the values flags cannot check themselves.
@@ -308,6 +319,9 @@ func (c *serveConfig) validate() error {
 func (c *serveConfig) validateRedis() error {
 	if c.redis.URL == "" {
 		return fmt.Errorf("%s is required with -backend redis: redis://host:port", c.source("redis-url"))
+	}
+	if err := c.redisStartup.validate(c.source); err != nil {
+		return err
 	}
 	switch m := redis.Mode(c.redisMode); m {
 	case redis.Standalone, redis.Sentinel, redis.Cluster:

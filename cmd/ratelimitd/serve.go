@@ -136,10 +136,13 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		}
 	} else {
 		var err error
-		if rules, err = config.Load(c.config); err != nil {
+		if rules, err = config.LoadOptions(c.config, c.configOpts); err != nil {
 			return fmt.Errorf("loading rules from %s:\n%w", c.config, err)
 		}
 		log.Info("rules loaded", "path", c.config, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
+		for _, w := range rules.Warnings() {
+			log.Warn("rules: " + w.Error())
+		}
 	}
 
 	tuneGC(c, log)
@@ -212,6 +215,11 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	registerService(reg, svc, rulesLoaded)
 	reg.MustRegister(sourceInfo{fromXDS})
+	if c.redisStartup.healthCheck && be.redis != nil {
+		go watchRedisHealth(ctx, be.redis, redisHealthInterval, func(bad bool) {
+			svc.SetUnhealthy("redis", "no connection to Redis", bad)
+		}, log)
+	}
 	// The RLQS server exists before rules can be reloaded, so that every
 	// reload pushes what it changed to its streams; it is registered on the
 	// gRPC server below.
@@ -233,13 +241,16 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		}
 	}
 	if fromXDS != nil {
-		if !rulesArrived && c.xds.readyWithRules {
+		// With -xds-ready-with-rules, health follows whether the rules
+		// in force hold a domain, as the reference's config component
+		// does (src/service/ratelimit.go, SetConfig).
+		if c.xds.readyWithRules && (!rulesArrived || len(rules.Domains()) == 0) {
 			svc.SetAwaitingRules(true)
 		}
 		fromXDS.attach(rules, func(r *config.Rules) {
 			setRules(r)
 			mets.Rules(r)
-			svc.SetAwaitingRules(false)
+			svc.SetAwaitingRules(c.xds.readyWithRules && len(r.Domains()) == 0)
 		})
 		registerXDS(reg, fromXDS)
 		loaded = func() time.Time { return fromXDS.client.Status().LastUpdate }
@@ -250,7 +261,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 			ref.configLoaded(true)
 		}
 		reject := func(error) { ref.configLoaded(false) }
-		rw, err := reload.New(reload.Options{Path: c.config, Apply: apply, Reject: reject, Logger: log, Current: rules})
+		rw, err := reload.New(reload.Options{Path: c.config, Config: c.configOpts, Apply: apply, Reject: reject, Logger: log, Current: rules})
 		if err != nil {
 			// Serving without reload beats not serving (the inotify limit,
 			// say); a restart still picks up new rules.
@@ -521,9 +532,22 @@ func newBackend(ctx context.Context, c *serveConfig, log *slog.Logger, reg prome
 		if c.redis.Mode == redis.Cluster {
 			attrs = append(attrs, "hash_tag", c.redisHashTag)
 		}
-		dctx, cancel := context.WithTimeout(ctx, redisDialTimeout)
-		defer cancel()
-		switch err := b.Check(dctx); {
+		check := func(ctx context.Context) error {
+			dctx, cancel := context.WithTimeout(ctx, redisDialTimeout)
+			defer cancel()
+			return b.Check(dctx)
+		}
+		if c.redisStartup.initial > 0 {
+			// As the reference: no port opens before Redis answers,
+			// and none at all when it never does.
+			if err = waitRedis(ctx, c.redisStartup, check, log); err != nil {
+				b.Close()
+				return nil, err
+			}
+		} else {
+			err = check(ctx)
+		}
+		switch {
 		case err == nil:
 			lua := "functions (FCALL)"
 			if !b.Functions() {

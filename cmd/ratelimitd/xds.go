@@ -46,7 +46,7 @@ func addXDSFlags(fs *flag.FlagSet, c *xdsConfig) {
 	fs.StringVar(&c.tls.ServerName, "xds-tls-server-name", "", "`name` the xDS control plane's certificate must hold, when not the host of -xds-server")
 	fs.DurationVar(&c.backoffInitial, "xds-backoff-initial", xds.DefaultBackoffInitial, "first wait before reconnecting to the xDS control plane; it doubles with each failure in a row, jittered")
 	fs.DurationVar(&c.backoffMax, "xds-backoff-max", xds.DefaultBackoffMax, "longest wait before reconnecting to the xDS control plane")
-	fs.BoolVar(&c.readyWithRules, "xds-ready-with-rules", false, "with -xds-force-start, health checks report not serving until the first rules arrive, while calls are answered (envoyproxy/ratelimit's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED)")
+	fs.BoolVar(&c.readyWithRules, "xds-ready-with-rules", false, "health checks report not serving while the rules in force hold no domain: before the first rules arrive (with -xds-force-start) and after an update with none; calls are answered meanwhile (envoyproxy/ratelimit's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED)")
 	fs.BoolVar(&c.forceStart, "xds-force-start", false, "serve before the first rules arrive from the xDS control plane, with no rules meanwhile (every request OK); without it, ratelimitd opens no port until they arrive")
 }
 
@@ -67,7 +67,7 @@ func (c *serveConfig) validateXDS() error {
 			return fmt.Errorf("%s needs -xds-server: the control plane whose rules it does not wait for", c.source("xds-force-start"))
 		}
 		if x.readyWithRules {
-			return fmt.Errorf("%s needs -xds-server and -xds-force-start: without them, rules are there before any port opens", c.source("xds-ready-with-rules"))
+			return fmt.Errorf("%s needs -xds-server: from files, rules with a domain are there before any port opens", c.source("xds-ready-with-rules"))
 		}
 		if x.tls.Enabled {
 			return fmt.Errorf("%s needs -xds-server: the control plane it is for", c.source("xds-tls"))

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -23,7 +24,7 @@ const maxNodes = 200_000
 
 // The fields each mapping accepts, as error messages list them.
 const (
-	domainFields     = "domain, descriptors, failure_mode"
+	domainFields     = "domain, descriptors, failure_mode, name"
 	descriptorFields = "key, value, rate_limit, rate_limits, concurrency, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
 		"share_threshold, quota_mode, metadata"
 	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency, scope, on_partition"
@@ -36,7 +37,9 @@ const (
 // spread by concern over decode.go, validate.go and build.go.
 type parser struct {
 	file       string
+	reference  bool // decode as envoyproxy/ratelimit does (Options.Reference)
 	errs       []*Error
+	warns      []*Error // accepted, but said
 	domainNode *yaml.Node
 	names      map[string]bool // every limit's name, valid rule or not
 	refs       []replacesRef
@@ -58,6 +61,15 @@ func (p *parser) fail(n *yaml.Node, field, format string, args ...any) {
 		e.Line, e.Column = n.Line, n.Column
 	}
 	p.errs = append(p.errs, e)
+}
+
+// warn records what the file is accepted despite.
+func (p *parser) warn(n *yaml.Node, field, format string, args ...any) {
+	e := &Error{File: p.file, Field: field, Msg: fmt.Sprintf(format, args...)}
+	if n != nil {
+		e.Line, e.Column = n.Line, n.Column
+	}
+	p.warns = append(p.warns, e)
 }
 
 func (p *parser) failEmpty() {
@@ -87,16 +99,9 @@ func (p *parser) decodeFile(data []byte) (rawDomain, bool) {
 		}
 		return raw, false
 	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case err == nil:
-		p.fail(&extra, "", "a second YAML document; a rule file holds one document with one domain")
-		return raw, false
-	case !errors.Is(err, io.EOF):
-		p.yamlError(err)
+	if !p.moreDocuments(dec) {
 		return raw, false
 	}
-
 	if len(doc.Content) == 0 {
 		p.failEmpty()
 		return raw, false
@@ -115,11 +120,44 @@ func (p *parser) decodeFile(data []byte) (rawDomain, bool) {
 			raw.descriptors = f.val
 		case "failure_mode":
 			raw.failureMode, _ = keyword(p, f.val, "failure_mode", ParseFailureMode)
+		case "name":
+			// RateLimitConfig's name (rls_conf.proto), which Envoy
+			// Gateway writes; envoyproxy/ratelimit reads and ignores it.
+			if _, ok := p.str(f.val, "name"); ok {
+				p.warn(f.key, "name", "not used: a rule set is known by its domain; envoyproxy/ratelimit ignores it too")
+			}
 		default:
 			p.unknown(f, "", domainFields)
 		}
 	}
 	return raw, true
+}
+
+// moreDocuments reads what follows a file's first YAML document: false
+// when that refuses the file. An empty document (a trailing "---") is
+// nothing, in every mode, and said; a document with content is refused in
+// native mode and, in reference mode, not read: envoyproxy/ratelimit's
+// yaml.v2 Unmarshal reads only the first document
+// (src/config/config_impl.go, ConfigFileContentToYaml).
+func (p *parser) moreDocuments(dec *yaml.Decoder) bool {
+	for {
+		var extra yaml.Node
+		err := dec.Decode(&extra)
+		switch {
+		case errors.Is(err, io.EOF):
+			return true
+		case err != nil:
+			p.yamlError(err)
+			return false
+		case len(extra.Content) == 0 || isNull(resolve(extra.Content[0])):
+			p.warn(&extra, "", "an empty YAML document (a \"---\" with nothing after it): nothing to read")
+		case p.reference:
+			p.warn(&extra, "", "a second YAML document, not read: envoyproxy/ratelimit reads only a file's first document, so its rules are not enforced; move them into a file of their own")
+		default:
+			p.fail(&extra, "", "a second YAML document; a rule file holds one document with one domain (envoyproxy/ratelimit's compatibility mode reads the first and ignores the rest)")
+			return false
+		}
+	}
 }
 
 // rawDescriptor is one descriptor of a descriptors list, decoded: its key,
@@ -153,7 +191,12 @@ func (p *parser) decodeDescriptor(item *yaml.Node, field string) (rawDescriptor,
 		case "value":
 			raw.elem.Value, _ = p.str(f.val, sub)
 		case "rate_limit":
-			raw.rateLimit = f.val
+			// null (or ~) is no limit at this level, as
+			// envoyproxy/ratelimit reads it; Envoy Gateway writes it on
+			// every descriptor that only leads to nested ones.
+			if !isNull(resolve(f.val)) {
+				raw.rateLimit = f.val
+			}
 		case "rate_limits":
 			raw.rateLimits = f.val
 		case "concurrency":
@@ -398,8 +441,13 @@ func (p *parser) mapping(n *yaml.Node, field string) []mappingField {
 			continue
 		}
 		if first, dup := seen[k.Value]; dup {
-			p.fail(k, joinField(field, k.Value), "given twice in one mapping; the first is at line %d", first.Line)
-			continue
+			if !p.reference {
+				p.fail(k, joinField(field, k.Value), "given twice in one mapping; the first is at line %d", first.Line)
+				continue
+			}
+			// envoyproxy/ratelimit's yaml.v2 keeps the last value.
+			p.warn(k, joinField(field, k.Value), "given twice in one mapping; this value is used and the one at line %d ignored, as envoyproxy/ratelimit does", first.Line)
+			fields = slices.DeleteFunc(fields, func(f mappingField) bool { return f.name == k.Value })
 		}
 		seen[k.Value] = k
 		fields = append(fields, mappingField{name: k.Value, key: k, val: v})

@@ -18,6 +18,13 @@
 // wrong. Loaded [Rules] are immutable; [Domain.Match] finds the rule for a
 // descriptor without allocating.
 //
+// [Options] choose between two readings of a rule directory and its files:
+// native (the zero value), and envoyproxy/ratelimit's for compatibility
+// mode (Options.Reference: subdirectories and files of any name, only a
+// file's first document, the last of a field given twice). Either way, a
+// rule-looking file left unread and a field accepted but not used are in
+// [Rules.Warnings], each naming its file and line.
+//
 // The package imports nothing else of ratelimitd: it knows which algorithms
 // a rule file may name ([Algorithm]), not how they work.
 package config

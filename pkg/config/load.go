@@ -7,8 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 )
@@ -47,28 +45,75 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// Load reads the rule file at path or, when path is a directory, every
-// *.yaml and *.yml file directly inside it, in name order. Names starting
-// with "." are skipped and symbolic links are followed, which is what a
-// Kubernetes ConfigMap volume needs. The files are validated together with
-// [Parse].
+// Options say how rule files are read and decoded. The zero value is
+// ratelimitd's own (native) reading; docs/rules.md compares the two.
+type Options struct {
+	// Reference reads and decodes rule files as envoyproxy/ratelimit
+	// does, for its compatibility mode:
+	//
+	//   - A directory is read recursively, every file whatever its name,
+	//     as its runtime loader (lyft/goruntime's filepath.Walk) does;
+	//     a symbolic link to a file is read, one to a directory is not
+	//     followed (a warning says so).
+	//   - Documents after a file's first are not read (yaml.v2's
+	//     Unmarshal reads one), each with a warning.
+	//   - A field given twice in one mapping takes its last value, with a
+	//     warning.
+	//
+	// Native mode reads the *.yaml and *.yml files directly in the
+	// directory, refuses a second document with content and a field
+	// given twice, and warns of every rule-looking file it does not read.
+	Reference bool
+	// Prefix, with Reference and a directory, keeps the files whose path
+	// below the directory, each "/" written ".", starts with Prefix:
+	// envoyproxy/ratelimit with RUNTIME_WATCH_ROOT=true reads
+	// RUNTIME_ROOT/RUNTIME_SUBDIRECTORY so, with RUNTIME_APPDIRECTORY+"."
+	// as prefix (src/provider/file_provider.go, sendEvent). Empty: every
+	// file.
+	Prefix string
+}
+
+// Load reads the rule file at path or, when path is a directory, the rule
+// files of it in native mode: every *.yaml and *.yml file directly inside
+// it, in name order. Names starting with "." are skipped and symbolic
+// links are followed, which is what a Kubernetes ConfigMap volume needs.
+// The files are validated together with [Parse].
 func Load(path string) (*Rules, error) {
-	files, err := readFiles(path)
+	return LoadOptions(path, Options{})
+}
+
+// LoadOptions is [Load] reading and decoding as opts say. Files it does
+// not read although they look like rule files are in the warnings of the
+// rules it returns ([Rules.Warnings]).
+func LoadOptions(path string, opts Options) (*Rules, error) {
+	files, warns, err := readFiles(path, opts)
 	if err != nil {
 		return nil, err
 	}
-	return Parse(files...)
+	rules, err := ParseOptions(opts, files...)
+	if err != nil {
+		return nil, err
+	}
+	rules.warnings = append(warns, rules.warnings...)
+	return rules, nil
 }
 
-// Parse validates files as one rule set, one domain per file. It either
-// returns every rule or, when anything is wrong, nil and an error joining one
-// [*Error] per problem, ordered by file and line: nothing half-loads.
+// Parse validates files as one rule set, one domain per file, in native
+// mode. It either returns every rule or, when anything is wrong, nil and
+// an error joining one [*Error] per problem, ordered by file and line:
+// nothing half-loads.
 func Parse(files ...File) (*Rules, error) {
+	return ParseOptions(Options{}, files...)
+}
+
+// ParseOptions is [Parse] decoding as opts say. What it accepts but warns
+// of is in [Rules.Warnings].
+func ParseOptions(opts Options, files ...File) (*Rules, error) {
 	rules := &Rules{domains: make(map[string]*Domain)}
 	var errs []*Error
 	h := sha256.New()
 	for _, f := range files {
-		p := parser{file: f.Name}
+		p := parser{file: f.Name, reference: opts.Reference}
 		d := p.parseFile(f.Data)
 		if d != nil && d.Name != "" {
 			if prev, dup := rules.domains[d.Name]; dup {
@@ -77,10 +122,10 @@ func Parse(files ...File) (*Rules, error) {
 				rules.domains[d.Name] = d
 			}
 		}
-		slices.SortStableFunc(p.errs, func(a, b *Error) int {
-			return cmp.Or(cmp.Compare(a.Line, b.Line), cmp.Compare(a.Column, b.Column))
-		})
+		sortErrors(p.errs)
+		sortErrors(p.warns)
 		errs = append(errs, p.errs...)
+		rules.warnings = append(rules.warnings, p.warns...)
 		rules.files = append(rules.files, f.Name)
 		h.Write(binary.AppendUvarint(nil, uint64(len(f.Name))))
 		h.Write([]byte(f.Name))
@@ -98,44 +143,9 @@ func Parse(files ...File) (*Rules, error) {
 	return rules, nil
 }
 
-func readFiles(path string) ([]File, error) {
-	info, err := os.Stat(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	if !info.IsDir() {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("config: %w", err)
-		}
-		return []File{{Name: path, Data: data}}, nil
-	}
-	entries, err := os.ReadDir(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
-	}
-	var files []File
-	for _, e := range entries {
-		name := e.Name()
-		if ext := filepath.Ext(name); strings.HasPrefix(name, ".") || (ext != ".yaml" && ext != ".yml") {
-			continue
-		}
-		full := filepath.Join(path, name)
-		info, err := os.Stat(full) // follows symbolic links
-		if err != nil {
-			return nil, fmt.Errorf("config: %w", err)
-		}
-		if info.IsDir() {
-			continue
-		}
-		data, err := os.ReadFile(full)
-		if err != nil {
-			return nil, fmt.Errorf("config: %w", err)
-		}
-		files = append(files, File{Name: full, Data: data})
-	}
-	if len(files) == 0 {
-		return nil, fmt.Errorf("config: no rule files (*.yaml, *.yml) in directory %s", path)
-	}
-	return files, nil
+// sortErrors orders problems by line and column.
+func sortErrors(errs []*Error) {
+	slices.SortStableFunc(errs, func(a, b *Error) int {
+		return cmp.Or(cmp.Compare(a.Line, b.Line), cmp.Compare(a.Column, b.Column))
+	})
 }

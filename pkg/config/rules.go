@@ -11,9 +11,10 @@ import (
 // immutable once loaded and safe for concurrent use; a reload builds new
 // Rules and swaps them in whole.
 type Rules struct {
-	domains map[string]*Domain
-	files   []string
-	hash    string
+	domains  map[string]*Domain
+	files    []string
+	hash     string
+	warnings []*Error
 }
 
 // Domain returns the domain named name, or nil when no rule file defines it.
@@ -34,6 +35,15 @@ func (r *Rules) Domains() []*Domain {
 // Files returns the rule files the set was loaded from, in load order.
 func (r *Rules) Files() []string {
 	return append([]string(nil), r.files...)
+}
+
+// Warnings returns what the rules were loaded despite, each naming its
+// file and, where it has one, its line: a file that looks like a rule file
+// but was not read, a field not used, and in [Options.Reference] mode what
+// envoyproxy/ratelimit accepts but ratelimitd would refuse (a document not
+// read, a field given twice). Empty for a clean set.
+func (r *Rules) Warnings() []*Error {
+	return append([]*Error(nil), r.warnings...)
 }
 
 // Hash identifies the loaded rules: the hex SHA-256 of every file's name

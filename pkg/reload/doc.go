@@ -29,7 +29,9 @@
 // on the old file's inode would not see. For a file path, only events
 // naming that file, or a name starting with "..", lead to a reload; for a
 // directory, names config.Load would read (*.yaml, *.yml not starting with
-// ".") and names starting with "..".
+// ".") and names starting with "..". With [Options.Config] Reference (the
+// reference's reading, subdirectories included), every directory below the
+// path is watched too and every name not starting with "." counts.
 //
 // # Kubernetes ConfigMaps
 //

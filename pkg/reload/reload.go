@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -51,6 +52,12 @@ type Options struct {
 	// Current is the rule set already serving, whose hash the first load
 	// is compared with. When nil, the first valid set loaded is applied.
 	Current *config.Rules
+	// Config says how the path is read (config.LoadOptions). With
+	// Reference, the directory is read recursively, so every directory
+	// below it is watched too (not those behind symbolic links, nor those
+	// starting with ".", which it does not read); a new one is watched
+	// from the load its creation triggers.
+	Config config.Options
 }
 
 // Watcher reloads rule files when they change. Build it with [New] and run
@@ -70,6 +77,10 @@ type Watcher struct {
 	reject   func(error)
 	log      *slog.Logger
 	fsw      *fsnotify.Watcher
+	opts     config.Options
+	// subdirs are the directories below dir watched, with opts.Reference;
+	// only Run's goroutine uses it after New.
+	subdirs map[string]bool
 
 	// hash is the hash of the rules in force; only Run's goroutine uses it.
 	hash string
@@ -109,6 +120,8 @@ func New(opts Options) (*Watcher, error) {
 		apply:    opts.Apply,
 		reject:   opts.Reject,
 		log:      opts.Logger,
+		opts:     opts.Config,
+		subdirs:  make(map[string]bool),
 	}
 	if opts.Current != nil {
 		w.hash = opts.Current.Hash()
@@ -139,7 +152,35 @@ func New(opts Options) (*Watcher, error) {
 		w.links = append(w.links, link)
 	}
 	w.fsw = fsw
+	w.watchSubdirs()
 	return w, nil
+}
+
+// watchSubdirs watches, with opts.Reference and a directory path, every
+// directory below it that config.LoadOptions reads: not those starting
+// with ".", nor symbolic links.
+func (w *Watcher) watchSubdirs() {
+	if !w.opts.Reference || w.file != "" {
+		return
+	}
+	_ = filepath.WalkDir(w.dir, func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil || p == w.dir:
+			return nil
+		case !d.IsDir():
+			return nil
+		case strings.HasPrefix(d.Name(), "."):
+			return filepath.SkipDir
+		}
+		if !w.subdirs[p] {
+			if err := w.fsw.Add(p); err != nil {
+				w.log.Warn("rules subdirectory not watched: edits in it need a restart", "dir", p, "error", err)
+				return filepath.SkipDir
+			}
+			w.subdirs[p] = true
+		}
+		return nil
+	})
 }
 
 // linksOn returns the symbolic links among dir and its parent
@@ -238,8 +279,13 @@ func (w *Watcher) Run(ctx context.Context) error {
 					schedule()
 				}
 				continue
-			} else if name != w.dir && filepath.Dir(name) != w.dir {
+			} else if parent := filepath.Dir(name); name != w.dir && parent != w.dir && !w.subdirs[parent] {
 				continue // another name in a link's directory
+			}
+			if w.subdirs[filepath.Clean(ev.Name)] && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+				delete(w.subdirs, filepath.Clean(ev.Name)) // fsnotify drops its watch
+				schedule()
+				continue
 			}
 			if filepath.Clean(ev.Name) == w.dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
 				if watching {
@@ -286,6 +332,9 @@ func (w *Watcher) relevant(name string) bool {
 	if w.file != "" {
 		return base == w.file
 	}
+	if w.opts.Reference { // every file is read, and every directory
+		return !strings.HasPrefix(base, ".")
+	}
 	ext := filepath.Ext(base)
 	return !strings.HasPrefix(base, ".") && (ext == ".yaml" || ext == ".yml")
 }
@@ -293,7 +342,8 @@ func (w *Watcher) relevant(name string) bool {
 // load loads the path and applies or rejects what it finds.
 func (w *Watcher) load() {
 	w.loads.Add(1)
-	rules, err := config.Load(w.path)
+	w.watchSubdirs() // directories made since the last load
+	rules, err := config.LoadOptions(w.path, w.opts)
 	if err != nil {
 		w.rejections.Add(1)
 		w.log.Error("rules rejected", "path", w.path, "error", err)
@@ -308,5 +358,8 @@ func (w *Watcher) load() {
 	w.lastReload.Store(time.Now().UnixNano())
 	w.log.Info("rules reloaded", "path", w.path, "hash", rules.Hash(),
 		"files", len(rules.Files()), "domains", len(rules.Domains()))
+	for _, warning := range rules.Warnings() {
+		w.log.Warn("rules: " + warning.Error())
+	}
 	w.apply(rules)
 }

@@ -99,13 +99,14 @@ type setup struct {
 	options func(*Options)      // before New
 	watcher func(*Watcher)      // after New, before Run
 	apply   func(*config.Rules) // called by Apply before the harness sees the set
+	config  config.Options      // how the path is read, from the start
 }
 
 // start loads path, as the server does at startup, and runs a Watcher on
 // it until the test ends. It returns once the watcher's first load is done.
 func start(t *testing.T, path string, s setup) *harness {
 	t.Helper()
-	current, err := config.Load(path)
+	current, err := config.LoadOptions(path, s.config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,6 +127,7 @@ func start(t *testing.T, path string, s setup) *harness {
 		Reject:  func(err error) { h.rejected <- err },
 		Logger:  slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Current: current,
+		Config:  s.config,
 	}
 	if s.options != nil {
 		s.options(&opts)
@@ -306,6 +308,42 @@ func TestNewFileAddsDomain(t *testing.T) {
 	}
 	if got := perHour(r, "web"); got != 5 {
 		t.Fatalf("web limit %d, want 5", got)
+	}
+}
+
+// TestReferenceSubdirectories: read as envoyproxy/ratelimit reads a
+// runtime directory, rule files in subdirectories are watched too, a
+// subdirectory made after the start included, whatever the files' names.
+func TestReferenceSubdirectories(t *testing.T) {
+	dir := t.TempDir()
+	writeAtomic(t, filepath.Join(dir, "api.yaml"), rule("api", "per_user", 10))
+	if err := os.MkdirAll(filepath.Join(dir, "team", "web"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeAtomic(t, filepath.Join(dir, "team", "web", "rules"), rule("web", "per_user", 5))
+	h := start(t, dir, setup{config: config.Options{Reference: true}})
+
+	writeAtomic(t, filepath.Join(dir, "team", "web", "rules"), rule("web", "per_user", 6))
+	if got := perHour(h.nextApply(t), "web"); got != 6 {
+		t.Fatalf("web limit %d after an edit two levels down, want 6", got)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "later"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeAtomic(t, filepath.Join(dir, "later", "mail.yml"), rule("mail", "per_user", 3))
+	r, _ := h.applyWhere(t, func(r *config.Rules) bool { return r.Domain("mail") != nil })
+	if got := perHour(r, "mail"); got != 3 {
+		t.Fatalf("mail limit %d, want 3", got)
+	}
+	writeAtomic(t, filepath.Join(dir, "later", "mail.yml"), rule("mail", "per_user", 4))
+	if got := perHour(h.nextApply(t), "mail"); got != 4 {
+		t.Fatalf("mail limit %d after an edit in a directory made after the start, want 4", got)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "team")); err != nil {
+		t.Fatal(err)
+	}
+	if got := domains(h.nextApply(t)); len(got) != 2 || got[0] != "api" || got[1] != "mail" {
+		t.Fatalf("domains %v after the team directory was removed, want [api mail]", got)
 	}
 }
 

@@ -116,9 +116,9 @@ func (s *Service) serveHealthcheck(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "draining\n")
 		return
 	}
-	if s.awaiting.Load() {
+	if reasons := s.unhealthyReasons(); len(reasons) > 0 {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		io.WriteString(w, "waiting for rules\n")
+		io.WriteString(w, strings.Join(reasons, "\n")+"\n")
 		return
 	}
 	io.WriteString(w, "OK\n")

@@ -12,7 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,10 +95,11 @@ type Service struct {
 	health  *health.Server
 	// draining is set by Drain: health checks then report not serving.
 	draining atomic.Bool
-	// awaiting is set by SetAwaitingRules: health checks then report not
-	// serving.
-	awaiting atomic.Bool
-	scratch  sync.Pool // of *scratch
+	// unhealthy holds the components that make health checks report not
+	// serving ([Service.SetUnhealthy]), each with its reason; nil when none.
+	unhealthy atomic.Pointer[map[string]string]
+	healthMu  sync.Mutex // serializes SetUnhealthy
+	scratch   sync.Pool  // of *scratch
 
 	failureMode config.FailureMode
 	fallback    algo.Backend
@@ -237,14 +240,51 @@ func (s *Service) Panics() uint64 { return s.panics.Load() }
 // calls are decided: for a server started before its first rules, which
 // load balancers should not send to yet. Drain ends it for good.
 func (s *Service) SetAwaitingRules(awaiting bool) {
-	s.awaiting.Store(awaiting)
+	s.SetUnhealthy("rules", "waiting for rules", awaiting)
+}
+
+// SetUnhealthy marks component (such as "rules" or "redis") unhealthy for
+// reason, or healthy again when bad is false. While any component is
+// unhealthy, health checks report not serving (gRPC NOT_SERVING, GET
+// /healthcheck 503 with the reasons, one a line), although calls are
+// still decided, as envoyproxy/ratelimit's health components do
+// (src/server/health.go). Drain ends serving for good.
+func (s *Service) SetUnhealthy(component, reason string, bad bool) {
+	s.healthMu.Lock()
+	defer s.healthMu.Unlock()
+	next := map[string]string{}
+	if cur := s.unhealthy.Load(); cur != nil {
+		for k, v := range *cur {
+			next[k] = v
+		}
+	}
+	if bad {
+		next[component] = reason
+	} else {
+		delete(next, component)
+	}
+	if len(next) == 0 {
+		s.unhealthy.Store(nil)
+	} else {
+		s.unhealthy.Store(&next)
+	}
 	status := healthpb.HealthCheckResponse_SERVING
-	if awaiting {
+	if len(next) > 0 {
 		status = healthpb.HealthCheckResponse_NOT_SERVING
 	}
 	for _, name := range []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName, ratelimitdv1.RateLimiter_ServiceDesc.ServiceName} {
 		s.health.SetServingStatus(name, status) // ignored once drained
 	}
+}
+
+// unhealthyReasons returns the reasons health checks report not serving,
+// sorted; none while healthy.
+func (s *Service) unhealthyReasons() []string {
+	cur := s.unhealthy.Load()
+	if cur == nil {
+		return nil
+	}
+	return slices.Sorted(maps.Values(*cur))
 }
 
 // Drain marks the service as going away: gRPC health checks answer
