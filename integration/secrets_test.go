@@ -133,7 +133,25 @@ func TestSecretsNeverShown(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(asReference(t), "-failure-mode", "error", "-enable-reset")
+		// As the reference, compatibility mode waits for Redis before
+		// opening a port, and logs each retry: with the address, without
+		// the password.
+		cmd := exec.Command(asReference(t))
+		cmd.Env = referenceEnv(root, dead.Addr, "REDIS_AUTH=user:"+secret)
+		w := launchProcess(t, cmd)
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(strings.Join(w.logLines(), "\n"), "redis not reachable at start") {
+			if time.Now().After(deadline) {
+				t.Fatalf("no retry logged within 30s of a start whose Redis is down:\n%s", strings.Join(w.logLines(), "\n"))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if logs := strings.Join(w.logLines(), "\n"); strings.Contains(logs, secret) || !strings.Contains(logs, dead.Addr) {
+			t.Errorf("the start-up retries show the password, or not the address:\n%s", logs)
+		}
+		w.stop(t)
+		// Told not to wait, it serves, by the failure mode.
+		cmd = exec.Command(asReference(t), "-failure-mode", "error", "-enable-reset", "-redis-startup-initial-interval", "0")
 		cmd.Env = referenceEnv(root, dead.Addr, "REDIS_AUTH=user:"+secret)
 		check(t, startProcess(t, cmd), false)
 	})
