@@ -124,8 +124,10 @@ func newFixtureOpts(t testing.TB, rules string, be algo.Backend, clk *testClock,
 		t.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
-	// As serve makes its server: handler panics answered, not fatal.
-	gs := grpc.NewServer(grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()))
+	// As serve makes its server: requests decoded by DecodeOptions,
+	// handler panics answered, not fatal.
+	serverOpts := append(DecodeOptions(), grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()))
+	gs := grpc.NewServer(serverOpts...)
 	svc.RegisterGRPC(gs)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
