@@ -154,7 +154,10 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	defer be.close()
 
-	var grpcOpts []grpc.ServerOption
+	// Requests are decoded first: descriptor bytes that are not UTF-8 are
+	// decided, other requests that do not decode are refused naming the
+	// field (service.DecodeOptions); its interceptors are the outermost.
+	grpcOpts := service.DecodeOptions()
 	if c.tracing {
 		tp, err := newTracerProvider(ctx, c.lookupEnv)
 		if err != nil {
