@@ -30,6 +30,7 @@ var allowedDeps = map[string][]string{
 	"internal/xdstest":      {},
 	"internal/reftest":      {},
 	"internal/wiretest":     {},
+	"internal/pkitest":      {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
 	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key"}, // a service: takes its budget through the algo.Backend interface
