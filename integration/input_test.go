@@ -18,6 +18,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/descriptorpb"
 
+	"github.com/ratelimitd/ratelimitd/internal/pkitest"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/wiretest"
 )
@@ -159,10 +161,19 @@ func TestNoInputIsInternalOnAnyMethod(t *testing.T) {
 	}
 	peer := l.Addr().String()
 	l.Close()
-	s := startServer(t, "-enable-reset", "-region", "a", "-region-peers", "b="+peer)
+	// Region sync on the gRPC port needs mutual TLS there: the calls come
+	// with an Envoy's client certificate of the regions' CA.
+	ca := pkitest.NewCA(t, "regions")
+	cert, envoy := ca.Region("a"), ca.Issue(pkitest.Leaf{CN: "envoy"})
+	s := startServer(t, "-enable-reset", "-region", "a", "-region-peers", "b="+peer,
+		"-grpc-tls-cert", cert.File, "-grpc-tls-key", cert.KeyFile, "-grpc-tls-client-ca", ca.File)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn := s.dial(t)
+	conn, err := grpc.NewClient(s.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(ca.Client(&envoy))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
 	methods := serverMethods(t, ctx, conn)
 	var names []string
 	for _, m := range methods {

@@ -22,6 +22,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimitd/internal/pkitest"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -91,8 +92,13 @@ func startCluster(t *testing.T) *cluster {
 			c.links[[2]string{from, to}] = p
 		}
 	}
+	// Region sync runs over mutual TLS on a listener of its own
+	// (-region-addr), each region's certificate naming it; Envoy's port
+	// stays plaintext.
+	ca := pkitest.NewCA(t, "regions")
 	for _, rc := range regionClocks {
 		rs := redistest.Start(t)
+		cert := ca.Region(rc.name)
 		var peers []string
 		for _, to := range c.regions {
 			if to != rc.name {
@@ -100,7 +106,8 @@ func startCluster(t *testing.T) *cluster {
 			}
 		}
 		args := redisArgs(t, rs.URL, "standalone", "-config", dir, "-redis-clock", "local", "-clock-offset", rc.offset.String(),
-			"-region", rc.name, "-region-peers", strings.Join(peers, ","), "-region-sync-interval", regionsSync.String())
+			"-region", rc.name, "-region-peers", strings.Join(peers, ","), "-region-sync-interval", regionsSync.String(),
+			"-region-addr", "127.0.0.1:0", "-region-tls-cert", cert.File, "-region-tls-key", cert.KeyFile, "-region-tls-ca", ca.File)
 		for range 2 {
 			s := startServer(t, args...)
 			c.replicas[rc.name] = append(c.replicas[rc.name], s)
@@ -116,7 +123,7 @@ func startCluster(t *testing.T) *cluster {
 				continue
 			}
 			p := c.links[[2]string{from, to}]
-			if err := p.Update(&toxiproxy.Proxy{Listen: p.Listen, Upstream: c.replicas[to][i%2].grpcAddr, Enabled: true}); err != nil {
+			if err := p.Update(&toxiproxy.Proxy{Listen: p.Listen, Upstream: c.replicas[to][i%2].addr(t, "serving region sync"), Enabled: true}); err != nil {
 				t.Fatal(err)
 			}
 		}
