@@ -25,9 +25,8 @@ func pushOf(region, key string, start, length int64, count uint64) *ratelimitdv1
 // the store from scratch learns, is then every sender's last count,
 // whatever was lost, repeated or reordered.
 func TestMergeIgnoresLossDuplicationAndOrder(t *testing.T) {
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(uint64(seed), 7))
+	seed := seedOf(t)
+	rng := rand.New(rand.NewPCG(seed, 7))
 	for round := range 50 {
 		w := newWorld(t, []string{"eu", "us", "ap"}, nil)
 		limit := algo.Limit{Algorithm: algo.FixedWindow, Requests: 1 << 40, Window: time.Hour}
