@@ -26,7 +26,7 @@ var allowedDeps = map[string][]string{
 	"pkg/backend/overlimit": {"pkg/algo"},
 	"pkg/backend/breaker":   {"pkg/algo"},
 	"pkg/backend/lease":     {"pkg/algo"},
-	"internal/redistest":    {},
+	"internal/redistest":    {"internal/pkitest"},
 	"internal/xdstest":      {},
 	"internal/reftest":      {},
 	"internal/wiretest":     {},

@@ -15,12 +15,9 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	goredis "github.com/redis/go-redis/v9"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -191,44 +188,16 @@ func TestNoInputIsInternalOnAnyMethod(t *testing.T) {
 	}
 	calls := 0
 	for _, md := range methods {
-		rls := md.FullName() == "envoy.service.ratelimit.v3.RateLimitService.ShouldRateLimit"
 		for _, in := range wiretest.Inputs(md.Input()) {
 			calls++
 			out, err := wiretest.Call(ctx, conn, md, in.Bytes)
-			st := status.Convert(err)
-			switch {
-			case st.Code() == codes.Internal || st.Code() == codes.Unknown:
-				t.Errorf("%s, %s: %v", md.FullName(), in.Name, err)
-			case in.Kind == wiretest.NotUTF8 && rls:
-				var resp rlsv3.RateLimitResponse
-				if err != nil || proto.Unmarshal(out, &resp) != nil || len(resp.Statuses) == 0 {
-					t.Errorf("%s, %s: %v; want it decided", md.FullName(), in.Name, err)
-				}
-			case in.Kind == wiretest.NotUTF8:
-				if st.Code() != codes.InvalidArgument || violation(st) != in.Field {
-					t.Errorf("%s, %s: %v (field %q); want InvalidArgument naming %s", md.FullName(), in.Name, err, violation(st), in.Field)
-				}
-			case in.Kind == wiretest.Broken:
-				if st.Code() != codes.InvalidArgument {
-					t.Errorf("%s, %s: %v; want InvalidArgument", md.FullName(), in.Name, err)
-				}
-			}
+			wiretest.Check(t, md, in, out, err)
 		}
 	}
 	t.Logf("%d calls to %d methods", calls, len(methods))
 	if logs := strings.Join(s.logLines(), "\n"); strings.Contains(logs, "panic") {
 		t.Errorf("a handler panicked:\n%s", logs)
 	}
-}
-
-// violation returns the field st's BadRequest detail names.
-func violation(st *status.Status) string {
-	for _, d := range st.Details() {
-		if br, ok := d.(*errdetails.BadRequest); ok && len(br.FieldViolations) == 1 {
-			return br.FieldViolations[0].Field
-		}
-	}
-	return ""
 }
 
 // serverMethods returns every method of every service the server's

@@ -202,8 +202,8 @@ func admitGlobal(t *testing.T, addr string, cfg *tls.Config, n int) int {
 	return ok
 }
 
-// knownCounts returns what p knows of each region's count of tenant=acme.
-func knownCounts(t *testing.T, p *inProcess) map[string]uint64 {
+// explainAcme returns POST /explain of p for tenant acme of domain global.
+func explainAcme(t *testing.T, p *inProcess) service.ExplainDescriptor {
 	t.Helper()
 	resp, err := http.Post("http://"+p.httpAddr+"/explain", "application/json",
 		strings.NewReader(`{"domain": "global", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}]}`))
@@ -212,11 +212,21 @@ func knownCounts(t *testing.T, p *inProcess) map[string]uint64 {
 	}
 	defer resp.Body.Close()
 	var x service.ExplainResponse
-	if err := json.NewDecoder(resp.Body).Decode(&x); err != nil || len(x.Descriptors) != 1 || len(x.Descriptors[0].Global) != 1 || x.Descriptors[0].Global[0] == nil {
+	if err := json.NewDecoder(resp.Body).Decode(&x); err != nil || len(x.Descriptors) != 1 {
 		t.Fatalf("explain: %v %+v", err, x)
 	}
+	return x.Descriptors[0]
+}
+
+// knownCounts returns what p knows of each region's count of tenant=acme.
+func knownCounts(t *testing.T, p *inProcess) map[string]uint64 {
+	t.Helper()
+	d := explainAcme(t, p)
+	if len(d.Global) != 1 || d.Global[0] == nil {
+		t.Fatalf("explain: %+v", d)
+	}
 	out := map[string]uint64{}
-	for _, r := range x.Descriptors[0].Global[0].Regions {
+	for _, r := range d.Global[0].Regions {
 		out[r.Region] = r.Count
 	}
 	return out
@@ -347,18 +357,13 @@ func pushTo(addr string, cfg *tls.Config, req *ratelimitdv1.PushRequest) error {
 // POST /explain of p gives it (the same in every region).
 func globalKey(t *testing.T, p *inProcess) []byte {
 	t.Helper()
-	resp, err := http.Post("http://"+p.httpAddr+"/explain", "application/json",
-		strings.NewReader(`{"domain": "global", "descriptors": [{"entries": [{"key": "tenant", "value": "acme"}]}]}`))
-	if err != nil {
-		t.Fatal(err)
+	d := explainAcme(t, p)
+	if len(d.Keys) != 1 {
+		t.Fatalf("explain: %+v", d)
 	}
-	defer resp.Body.Close()
-	var x service.ExplainResponse
-	if err := json.NewDecoder(resp.Body).Decode(&x); err != nil || len(x.Descriptors) != 1 || len(x.Descriptors[0].Keys) != 1 {
-		t.Fatalf("explain: %v %+v", err, x)
-	}
-	k := x.Descriptors[0].Keys[0]
+	k := d.Keys[0]
 	if strings.HasPrefix(k, `"`) { // Go-quoted: not printable
+		var err error
 		if k, err = strconv.Unquote(k); err != nil {
 			t.Fatal(err)
 		}

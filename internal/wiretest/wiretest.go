@@ -12,11 +12,16 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"testing"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	encproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -97,6 +102,45 @@ func Call(ctx context.Context, conn grpc.ClientConnInterface, md protoreflect.Me
 		return nil, err
 	}
 	return out, nil
+}
+
+// Check fails t unless err and out, the answer of method md to in, are
+// what ratelimitd owes it: never Internal or Unknown; for Envoy's
+// ShouldRateLimit, a decision of an input whose strings are not UTF-8 (a
+// status for each of its two descriptors); for any other method,
+// InvalidArgument naming the field that is not UTF-8; and InvalidArgument
+// for a broken message, on every method.
+func Check(t testing.TB, md protoreflect.MethodDescriptor, in Input, out Raw, err error) {
+	t.Helper()
+	code := status.Code(err)
+	switch {
+	case code == codes.Internal || code == codes.Unknown:
+		t.Errorf("%s, %s: %v", md.FullName(), in.Name, err)
+	case in.Kind == NotUTF8 && md.FullName() == "envoy.service.ratelimit.v3.RateLimitService.ShouldRateLimit":
+		var resp rlsv3.RateLimitResponse
+		if err != nil || proto.Unmarshal(out, &resp) != nil || len(resp.Statuses) != 2 {
+			t.Errorf("%s, %s: %v (%d statuses); want it decided", md.FullName(), in.Name, err, len(resp.Statuses))
+		}
+	case in.Kind == NotUTF8:
+		if code != codes.InvalidArgument || Violation(err) != in.Field || !strings.HasPrefix(status.Convert(err).Message(), in.Field+": not valid UTF-8") {
+			t.Errorf("%s, %s: %v (field %q); want InvalidArgument naming %s", md.FullName(), in.Name, err, Violation(err), in.Field)
+		}
+	case in.Kind == Broken:
+		if code != codes.InvalidArgument || status.Convert(err).Message() == "" {
+			t.Errorf("%s, %s: %v; want InvalidArgument", md.FullName(), in.Name, err)
+		}
+	}
+}
+
+// Violation returns the field the google.rpc.BadRequest detail of err's
+// gRPC status names; "" when it has none, or several.
+func Violation(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.FieldViolations) == 1 {
+			return br.FieldViolations[0].Field
+		}
+	}
+	return ""
 }
 
 // Request encodes, by hand, a RateLimitRequest of Envoy's RLS v3 (or a

@@ -9,7 +9,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -185,18 +184,11 @@ func TestUndecodableRequests(t *testing.T) {
 			if !strings.HasPrefix(st.Message(), c.field+": ") || !strings.Contains(st.Message(), c.msg) {
 				t.Errorf("message %q, want %q: ...%s...", st.Message(), c.field, c.msg)
 			}
-			var field string
-			for _, d := range st.Details() {
-				if br, ok := d.(*errdetails.BadRequest); ok && len(br.FieldViolations) == 1 {
-					field = br.FieldViolations[0].Field
-				}
-			}
-			if field != c.field {
+			if field := wiretest.Violation(err); field != c.field {
 				t.Errorf("BadRequest names %q, want %q", field, c.field)
 			}
 		})
 	}
-	// The refusals were taken: nothing is left waiting for a message.
 	if n := f.svc.Panics(); n != 0 {
 		t.Errorf("%d panics", n)
 	}
@@ -277,28 +269,10 @@ func TestNoInputIsInternal(t *testing.T) {
 		methods := d.(protoreflect.ServiceDescriptor).Methods()
 		for i := range methods.Len() {
 			md := methods.Get(i)
-			rls := md.FullName() == "envoy.service.ratelimit.v3.RateLimitService.ShouldRateLimit"
 			for _, in := range wiretest.Inputs(md.Input()) {
 				calls++
 				out, err := wiretest.Call(ctx, f.conn, md, in.Bytes)
-				st := status.Convert(err)
-				switch {
-				case st.Code() == codes.Internal || st.Code() == codes.Unknown:
-					t.Errorf("%s, %s: %v", md.FullName(), in.Name, err)
-				case in.Kind == wiretest.NotUTF8 && rls:
-					var resp rlsv3.RateLimitResponse
-					if err != nil || proto.Unmarshal(out, &resp) != nil || len(resp.Statuses) != 2 {
-						t.Errorf("%s, %s: %v (%d statuses); want it decided", md.FullName(), in.Name, err, len(resp.Statuses))
-					}
-				case in.Kind == wiretest.NotUTF8:
-					if st.Code() != codes.InvalidArgument || badField(st) != in.Field || !strings.HasPrefix(st.Message(), in.Field+": not valid UTF-8") {
-						t.Errorf("%s, %s: %v (field %q); want InvalidArgument naming %s", md.FullName(), in.Name, err, badField(st), in.Field)
-					}
-				case in.Kind == wiretest.Broken:
-					if st.Code() != codes.InvalidArgument || st.Message() == "" {
-						t.Errorf("%s, %s: %v; want InvalidArgument", md.FullName(), in.Name, err)
-					}
-				}
+				wiretest.Check(t, md, in, out, err)
 			}
 		}
 	}
@@ -308,14 +282,4 @@ func TestNoInputIsInternal(t *testing.T) {
 	if n := f.svc.Panics(); n != 0 {
 		t.Errorf("%d handler panics", n)
 	}
-}
-
-// badField returns the field st's BadRequest detail names.
-func badField(st *status.Status) string {
-	for _, d := range st.Details() {
-		if br, ok := d.(*errdetails.BadRequest); ok && len(br.FieldViolations) == 1 {
-			return br.FieldViolations[0].Field
-		}
-	}
-	return ""
 }
