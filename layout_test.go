@@ -26,9 +26,11 @@ var allowedDeps = map[string][]string{
 	"pkg/backend/overlimit": {"pkg/algo"},
 	"pkg/backend/breaker":   {"pkg/algo"},
 	"pkg/backend/lease":     {"pkg/algo"},
-	"internal/redistest":    {},
+	"internal/redistest":    {"internal/pkitest"},
 	"internal/xdstest":      {},
 	"internal/reftest":      {},
+	"internal/wiretest":     {},
+	"internal/pkitest":      {},
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
 	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key"}, // a service: takes its budget through the algo.Backend interface

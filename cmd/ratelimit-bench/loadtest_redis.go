@@ -49,7 +49,7 @@ func (lt *loadtest) scriptCall() (keys, argv []string, err error) {
 		}
 		keys = append(keys, fmt.Sprintf("ratelimit-bench:%d:__rand_int__", i))
 	}
-	for _, a := range algo.AppendScriptArgs(nil, time.Time{}, 0, reqs) {
+	for _, a := range algo.AppendScriptArgs(nil, time.Time{}, 0, time.Time{}, reqs) {
 		s, ok := a.(string)
 		if !ok {
 			return nil, nil, fmt.Errorf("algo.AppendScriptArgs gave a %T, want strings", a)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratelimitd/ratelimitd/internal/pkitest"
 )
 
 // The regions group measures what other regions cost a region: ratelimitd
@@ -96,21 +98,41 @@ func (lt *loadtest) regionsGroup(ctx context.Context, redis *child, redisAddr st
 		}
 		return strings.Join(peers, ",")
 	}
-	regionArgs := func(r, url string) []string {
-		return []string{"-backend", "redis", "-redis-url", url, "-region", r, "-region-peers", peersOf(r), "-region-sync-interval", c.Regions.Sync.String()}
+	// The regions push to each other over mutual TLS, on listeners of
+	// their own (-region-addr), each with a certificate naming its region,
+	// as ratelimitd requires of peers; Envoy's port stays plaintext.
+	ca, err := pkitest.New(lt.dir, "ratelimit-bench regions")
+	if err != nil {
+		return nil, fmt.Errorf("regions' CA: %w", err)
 	}
-	addrs := map[string]string{}
+	addrs := map[string]string{} // by region: where its pushes go
+	regionArgs := func(r, url string) ([]string, error) {
+		cert, err := ca.Sign(pkitest.RegionLeaf(r))
+		if err != nil {
+			return nil, fmt.Errorf("region %s's certificate: %w", r, err)
+		}
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		addrs[r] = fmt.Sprintf("127.0.0.1:%d", port)
+		return []string{"-backend", "redis", "-redis-url", url, "-region", r, "-region-peers", peersOf(r), "-region-sync-interval", c.Regions.Sync.String(),
+			"-region-addr", addrs[r], "-region-tls-cert", cert.File, "-region-tls-key", cert.KeyFile, "-region-tls-ca", ca.File}, nil
+	}
 	var peers []proc // the peer regions' processes, whose CPU is reported
 	for _, r := range regions[1:] {
 		rch, raddr, err := lt.startRedis(ctx, elsewhere)
 		if err != nil {
 			return nil, err
 		}
-		ch, addr, err := lt.startRatelimitdAt(ctx, elsewhere, "ratelimitd-"+r, regionArgs(r, "redis://"+raddr)...)
+		args, err := regionArgs(r, "redis://"+raddr)
 		if err != nil {
 			return nil, err
 		}
-		addrs[r] = addr
+		ch, _, err := lt.startRatelimitdAt(ctx, elsewhere, "ratelimitd-"+r, args...)
+		if err != nil {
+			return nil, err
+		}
 		peers = append(peers, proc{"ratelimitd-" + r, ch.pid()}, proc{"redis-" + r, rch.pid()})
 	}
 	// eu's links lead to it once it listens; until then they lead nowhere.
@@ -146,11 +168,14 @@ func (lt *loadtest) regionsGroup(ctx context.Context, redis *child, redisAddr st
 		}
 		rows = append(rows, got...)
 
-		eu, euAddr, err := lt.startRatelimitd(ctx, fmt.Sprintf("ratelimitd-eu-%d", round), regionArgs("eu", "redis://"+redisAddr)...)
+		args, err := regionArgs("eu", "redis://"+redisAddr)
 		if err != nil {
 			return nil, err
 		}
-		addrs["eu"] = euAddr
+		eu, euAddr, err := lt.startRatelimitd(ctx, fmt.Sprintf("ratelimitd-eu-%d", round), args...)
+		if err != nil {
+			return nil, err
+		}
 		if err := route(); err != nil {
 			lt.stop(eu)
 			return nil, err

@@ -3,11 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"testing"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
-	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 	"github.com/ratelimitd/ratelimitd/pkg/console"
 )
 
@@ -27,6 +27,21 @@ func consoleState(t *testing.T, addr string) console.State {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// consoleRaw reads GET /ui/api/state from the HTTP address addr, as sent.
+func consoleRaw(t *testing.T, addr string) []byte {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/ui/api/state")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // TestConsoleOffByDefault: without -ui, /ui is not served; RATELIMITD_UI
@@ -53,10 +68,11 @@ func TestConsoleOffByDefault(t *testing.T) {
 }
 
 // TestConsoleDescribesRedis: on Redis, the console names the topology
-// (without the password), the circuit, the lease engine and the calls
-// observed; reset follows -enable-reset.
+// (the URL with its password masked), the circuit, the lease engine and
+// the calls observed; reset follows -enable-reset.
 func TestConsoleDescribesRedis(t *testing.T) {
-	r := redistest.Start(t)
+	const password = "console-test-s3cret"
+	r := redistest.StartWith(t, redistest.Options{User: "rl", Password: password})
 	p := startServe(t, true, "-config", "../../examples", "-backend", "redis", "-redis-url", r.URL, "-ui", "-enable-reset")
 	body := `{"domain":"posts","descriptors":[{"entries":[{"key":"user_id","value":"alice"}]}]}`
 	resp, err := http.Post("http://"+p.httpAddr+"/json", "application/json", bytes.NewBufferString(body))
@@ -73,8 +89,13 @@ func TestConsoleDescribesRedis(t *testing.T) {
 	if b.Kind != "redis" || b.Redis == nil || b.Redis.Mode != "standalone" || b.Redis.Prefix != "ratelimitd:" || b.Redis.KeyFormat != "native" {
 		t.Fatalf("redis described as %+v %+v", b, b.Redis)
 	}
-	if b.Redis.URL != redis.RedactURL(r.URL) {
-		t.Errorf("the console shows the Redis URL as %s, want it redacted: %s", b.Redis.URL, redis.RedactURL(r.URL))
+	// r.URL is redis://rl:console-test-s3cret@ADDR: the user stays, the
+	// password is masked as net/url masks one.
+	if want := "redis://rl:xxxxx@" + r.Addr; b.Redis.URL != want {
+		t.Errorf("the console shows the Redis URL as %s, want %s", b.Redis.URL, want)
+	}
+	if raw := consoleRaw(t, p.httpAddr); bytes.Contains(raw, []byte(password)) {
+		t.Errorf("the console's state holds the Redis password:\n%s", raw)
 	}
 	if b.Circuit == nil || b.Circuit.State != "closed" || b.Leases == nil || b.Memory != nil {
 		t.Errorf("circuit %+v, leases %+v, memory %+v", b.Circuit, b.Leases, b.Memory)

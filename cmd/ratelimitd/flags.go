@@ -309,7 +309,7 @@ func (c *serveConfig) validate() error {
 	if err := c.rlqs.validate(c.source); err != nil {
 		return err
 	}
-	if err := c.region.validate(c.source); err != nil {
+	if err := c.region.validate(c.source, c.grpcTLS); err != nil {
 		return err
 	}
 	return c.refStats.validate(c.source)

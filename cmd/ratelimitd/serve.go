@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -154,7 +155,10 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	defer be.close()
 
-	var grpcOpts []grpc.ServerOption
+	// Requests are decoded first: descriptor bytes that are not UTF-8 are
+	// decided, other requests that do not decode are refused naming the
+	// field (service.DecodeOptions); its interceptors are the outermost.
+	grpcOpts := service.DecodeOptions()
 	if c.tracing {
 		tp, err := newTracerProvider(ctx, c.lookupEnv)
 		if err != nil {
@@ -283,6 +287,12 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var regionTLS *tls.Config // of -region-addr
+	if c.region.addr != "" {
+		if regionTLS, err = listenerTLS("region sync", c.region.files, log); err != nil {
+			return err
+		}
+	}
 
 	grpcLis, err := listenGRPC(c.grpcAddr)
 	if err != nil {
@@ -317,7 +327,9 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	gs := grpc.NewServer(grpcOpts...)
 	svc.RegisterGRPC(gs)
 	if be.region != nil {
-		be.region.Register(gs)
+		if c.region.addr == "" {
+			be.region.Register(gs)
+		}
 		registerRegion(reg, be.region)
 		// The sync goes on while the servers drain after SIGTERM, so that
 		// the peers do not count this region as cut off meanwhile.
@@ -334,7 +346,19 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	hs.TLSConfig = httpTLS
 	servers := []*http.Server{hs}
 
-	failed := make(chan error, 4)
+	failed := make(chan error, 5)
+	// Region sync on a listener of its own: the peers' pushes, over mutual
+	// TLS with the region's files, apart from the port Envoy calls.
+	var rs *grpc.Server
+	if regionTLS != nil {
+		if rs, err = serveRegion(c.region.addr, regionTLS, be.region, svc, log, failed); err != nil {
+			gs.Stop()
+			grpcLis.Close()
+			httpLis.Close()
+			return err
+		}
+		defer rs.Stop() // after the graceful stop below, or on an early return
+	}
 	go func() { failed <- fmt.Errorf("gRPC server: %w", gs.Serve(grpcLis)) }()
 	go func() {
 		if httpTLS != nil {
@@ -399,6 +423,9 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		quota.Close()
 	}
 	go func() {
+		if rs != nil {
+			rs.GracefulStop()
+		}
 		gs.GracefulStop()
 		close(stopped)
 	}()
@@ -411,6 +438,9 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	case <-stopped:
 	case <-sctx.Done():
 		log.Warn("gRPC calls cut short: shutdown timeout reached")
+		if rs != nil {
+			rs.Stop()
+		}
 		gs.Stop()
 	}
 	if serveErr != nil {

@@ -82,6 +82,38 @@ func (n *Node) Restart(t testing.TB) {
 	}
 }
 
+// Freeze stops the node with SIGSTOP: it keeps its connections, and the
+// kernel keeps accepting new ones and queueing what clients send, but it
+// runs nothing, as a Redis stalled by the machine. Thaw resumes it.
+func (n *Node) Freeze(t testing.TB) {
+	t.Helper()
+	stop, _ := freezeSignals()
+	n.signal(t, stop)
+}
+
+// Thaw resumes a node Freeze stopped (SIGCONT): it then runs what its
+// clients sent meanwhile.
+func (n *Node) Thaw(t testing.TB) {
+	t.Helper()
+	_, cont := freezeSignals()
+	n.signal(t, cont)
+}
+
+func (n *Node) signal(t testing.TB, sig os.Signal) {
+	t.Helper()
+	if sig == nil {
+		t.Skip("redistest: this system has no SIGSTOP and SIGCONT to freeze a node with")
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		t.Fatalf("redistest: %v to %s, which is not running", sig, n.Addr)
+	}
+	if err := n.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("redistest: %v to %s: %v", sig, n.Addr, err)
+	}
+}
+
 // baseArgs is the command line every plain node starts from.
 func baseArgs(dir string, port int) []string {
 	return []string{

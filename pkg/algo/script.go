@@ -2,6 +2,7 @@ package algo
 
 import (
 	"embed"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -76,17 +77,40 @@ const ScriptArgsPerRequest = 3
 
 // AppendScriptArgs appends the script's ARGV for reqs to dst. A zero now
 // makes the script read the Redis clock; minTTL is the least TTL of a
-// stored key (zero in production). The script trusts its arguments: every
-// limit must pass [Limit.Check].
-func AppendScriptArgs(dst []any, now time.Time, minTTL time.Duration, reqs []Request) []any {
+// stored key (zero in production); a notAfter that is not zero, an
+// instant on the Redis clock, makes a call that Redis runs after it decide
+// and store nothing, and fail with an error [IsLate] recognizes. The
+// script trusts its arguments: every limit must pass [Limit.Check].
+func AppendScriptArgs(dst []any, now time.Time, minTTL time.Duration, notAfter time.Time, reqs []Request) []any {
+	dst = appendHeader(dst, now, minTTL, notAfter)
+	return AppendRequestArgs(dst, reqs)
+}
+
+// appendHeader appends ARGV[1] and ARGV[2]: now, and the least TTL with
+// the not-after instant when there is one.
+func appendHeader(dst []any, now time.Time, minTTL time.Duration, notAfter time.Time) []any {
 	if now.IsZero() {
 		dst = append(dst, "")
 	} else {
 		dst = append(dst, strconv.FormatInt(now.UnixMicro(), 10))
 	}
-	dst = append(dst, strconv.FormatInt(minTTL.Milliseconds(), 10))
-	return AppendRequestArgs(dst, reqs)
+	ttl := strconv.FormatInt(minTTL.Milliseconds(), 10)
+	if !notAfter.IsZero() {
+		ttl += " " + strconv.FormatInt(notAfter.UnixMicro(), 10)
+	}
+	return append(dst, ttl)
 }
+
+// IsLate reports whether err is the script's refusal of a call that ran
+// after its not-after instant (see [AppendScriptArgs]), or [ErrLate]:
+// nothing was decided or stored.
+func IsLate(err error) bool {
+	return err != nil && (errors.Is(err, ErrLate) || strings.Contains(err.Error(), "ratelimitd: late"))
+}
+
+// ErrLate is the error of a batch that ran after its not-after instant in
+// a call of several batches: nothing of it was decided or stored.
+var ErrLate = errors.New("ratelimitd: late: the decision ran after its caller gave up; nothing was decided")
 
 // AppendRequestArgs appends the ARGV entries of each request:
 // ScriptArgsPerRequest per request, its limit as one argument ("algorithm
@@ -157,11 +181,11 @@ func limitArg(l Limit) string {
 // AppendBatchesArgs appends the script's ARGV for several independent
 // batches decided by one call: each all or nothing on its own, in order, as
 // if by one call each. The call's KEYS are the batches' keys, batch after
-// batch. A zero now makes the script read the Redis clock.
-func AppendBatchesArgs(dst []any, now time.Time, minTTL time.Duration, batches [][]Request) []any {
-	dst = AppendBatchesHeader(dst, now, minTTL, len(batches))
+// batch. now, minTTL and notAfter are as for [AppendScriptArgs].
+func AppendBatchesArgs(dst []any, now time.Time, minTTL time.Duration, notAfter time.Time, batches [][]Request) []any {
+	dst = AppendBatchesHeader(dst, now, minTTL, notAfter, len(batches))
 	for _, b := range batches {
-		dst = append(dst, len(b))
+		dst = AppendBatchLen(dst, len(b), time.Time{})
 	}
 	for _, b := range batches {
 		dst = AppendRequestArgs(dst, b)
@@ -170,21 +194,29 @@ func AppendBatchesArgs(dst []any, now time.Time, minTTL time.Duration, batches [
 }
 
 // AppendBatchesHeader appends the ARGV header of a call of n batches; the
-// caller then appends each batch's length, then each batch's
+// caller then appends each batch's [AppendBatchLen], then each batch's
 // [AppendRequestArgs].
-func AppendBatchesHeader(dst []any, now time.Time, minTTL time.Duration, n int) []any {
-	if now.IsZero() {
-		dst = append(dst, "")
-	} else {
-		dst = append(dst, strconv.FormatInt(now.UnixMicro(), 10))
+func AppendBatchesHeader(dst []any, now time.Time, minTTL time.Duration, notAfter time.Time, n int) []any {
+	return append(appendHeader(dst, now, minTTL, notAfter), "batches", strconv.Itoa(n))
+}
+
+// AppendBatchLen appends the ARGV entry of a batch of n requests in a
+// call of several batches: n, and the batch's not-after instant, on the
+// Redis clock, unless zero (a batch the call runs later decides and stores
+// nothing; see [AppendScriptArgs]).
+func AppendBatchLen(dst []any, n int, notAfter time.Time) []any {
+	if notAfter.IsZero() {
+		return append(dst, strconv.Itoa(n))
 	}
-	return append(dst, strconv.FormatInt(minTTL.Milliseconds(), 10), "batches", strconv.Itoa(n))
+	return append(dst, strconv.Itoa(n)+" "+strconv.FormatInt(notAfter.UnixMicro(), 10))
 }
 
 // ParseBatchesReply reads the reply of a call made with
 // [AppendBatchesArgs] into outs, one slice of decisions per batch, each as
-// long as its batch.
-func ParseBatchesReply(reply []any, outs [][]Decision) error {
+// long as its batch. late, when not nil, is as long as outs: late[i] is
+// set when batch i ran after its not-after instant ([AppendBatchLen]) and
+// was not decided (its decisions are zero).
+func ParseBatchesReply(reply []any, outs [][]Decision, late []bool) error {
 	for i, out := range outs {
 		n, err := replyLen(reply, len(out))
 		if err != nil {
@@ -193,7 +225,12 @@ func ParseBatchesReply(reply []any, outs [][]Decision) error {
 		if len(reply) < n {
 			return fmt.Errorf("decision script replied %d values for batch %d of %d requests", len(reply), i, len(out))
 		}
-		if _, err := parseReply(reply[:n], out); err != nil {
+		if reply[0] == int64(-1) {
+			clear(out)
+			if late != nil {
+				late[i] = true
+			}
+		} else if _, err := parseReply(reply[:n], out); err != nil {
 			return err
 		}
 		reply = reply[n:]

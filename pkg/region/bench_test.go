@@ -54,7 +54,8 @@ func BenchmarkDecide(b *testing.B) {
 		e, err := New(mem, Options{
 			Region: "eu", Peers: []Peer{{Name: "us", Addr: "passthrough:///us"}, {Name: "ap", Addr: "passthrough:///ap"}},
 			Store: NewMemoryStore(nil), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Dial: func(string) (grpc.ClientConnInterface, error) { return nil, nil },
+			Dial:         func(string) (grpc.ClientConnInterface, error) { return nil, nil },
+			Authenticate: func(context.Context, string) error { return nil }, // nothing is pushed to it
 		})
 		if err != nil {
 			b.Fatal(err)

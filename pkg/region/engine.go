@@ -65,6 +65,13 @@ type Options struct {
 	// Dial opens a connection to a peer's address (TLS is the caller's).
 	// Default: plaintext gRPC.
 	Dial func(addr string) (grpc.ClientConnInterface, error)
+	// Authenticate is asked, for each push received, whether its caller
+	// (ctx, as gRPC handed it to the handler) is the region the push
+	// names; the push is refused with its error (a gRPC status) unless it
+	// returns nil. [CertAuth.Authenticate] accepts only the region a
+	// client certificate names. Required with Peers: without it anyone
+	// could push counts in a peer's name.
+	Authenticate func(ctx context.Context, region string) error
 	// Now is this replica's clock, which names windows as the region's
 	// Redis does (keep them in step: NTP). Default time.Now.
 	Now func() time.Time
@@ -114,7 +121,7 @@ type Engine struct {
 	codec grpc.CallOption // sends pushes encoded once for every peer
 
 	pushes, pushFailures, pushBytes, pushCounts atomic.Uint64
-	received, receivedCounts                    atomic.Uint64
+	received, receivedCounts, refused           atomic.Uint64
 }
 
 // peer is a peer region as this replica sees it.
@@ -199,6 +206,9 @@ func New(inner algo.Backend, opts Options) (*Engine, error) {
 	}
 	if opts.Store == nil {
 		return nil, errors.New("region: Options.Store is required")
+	}
+	if len(opts.Peers) > 0 && opts.Authenticate == nil {
+		return nil, errors.New("region: Options.Authenticate is required with peers: a push naming a peer would be accepted from anyone")
 	}
 	switch {
 	case opts.Weight == 0:

@@ -2,9 +2,12 @@ package region
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,12 +15,16 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/ratelimitd/ratelimitd/internal/pkitest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
 
 // clock is a fake clock the tests advance.
@@ -51,10 +58,27 @@ func (l *link) intercept(ctx context.Context, method string, req, reply any, cc 
 // world is a few regions of one replica each, on memory backends and
 // memory stores, every pair of them linked over gRPC (bufconn).
 type world struct {
-	clk     *clock
-	engines map[string]*Engine
-	links   map[[2]string]*link // from, to
-	ctx     context.Context
+	clk       *clock
+	engines   map[string]*Engine
+	links     map[[2]string]*link // from, to
+	ctx       context.Context
+	ca        *pkitest.CA                  // of the regions' certificates
+	certs     map[string]pkitest.Cert      // by region, naming it
+	listeners map[string]*bufconn.Listener // by region
+}
+
+// dial connects to region addr's listener over TLS with cfg (nil:
+// plaintext), as "localhost".
+func (w *world) dial(addr string, cfg *tls.Config, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	l := w.listeners[addr]
+	creds := insecure.NewCredentials()
+	if cfg != nil {
+		cfg.ServerName = "localhost"
+		creds = credentials.NewTLS(cfg)
+	}
+	return grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) }),
+		grpc.WithTransportCredentials(creds)}, opts...)...)
 }
 
 // newWorld starts regions, named and weighted as weights says (nil: 1),
@@ -68,8 +92,9 @@ func newWorld(t *testing.T, names []string, weights map[string]float64) *world {
 // fails is retried a quarter interval later, in real time.
 func newWorldEvery(t *testing.T, names []string, weights map[string]float64, interval time.Duration) *world {
 	t.Helper()
-	w := &world{clk: &clock{t: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}, engines: map[string]*Engine{}, links: map[[2]string]*link{}, ctx: context.Background()}
-	listeners := map[string]*bufconn.Listener{}
+	w := &world{clk: &clock{t: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}, engines: map[string]*Engine{}, links: map[[2]string]*link{}, ctx: context.Background(),
+		ca: pkitest.NewCA(t, "regions"), certs: map[string]pkitest.Cert{}, listeners: map[string]*bufconn.Listener{}}
+	listeners := w.listeners
 	for _, n := range names {
 		listeners[n] = bufconn.Listen(1 << 20)
 	}
@@ -83,21 +108,28 @@ func newWorldEvery(t *testing.T, names []string, weights map[string]float64, int
 				w.links[[2]string{n, m}] = &link{}
 			}
 		}
+		// Each region dials its peers over mutual TLS with a certificate
+		// naming it, as ratelimitd does, and accepts only pushes from the
+		// region a certificate names.
+		cert := w.ca.Region(n)
+		w.certs[n] = cert
 		e, err := New(mem, Options{
 			Region: n, Weight: weights[n], Peers: peers, Interval: interval,
 			Store: NewMemoryStore(w.clk.Now), Now: w.clk.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Dial: func(addr string) (grpc.ClientConnInterface, error) {
-				l := listeners[addr]
-				return grpc.NewClient("passthrough:///"+addr,
-					grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) }),
-					grpc.WithTransportCredentials(insecure.NewCredentials()),
-					grpc.WithUnaryInterceptor(w.links[[2]string{n, addr}].intercept))
+				return w.dial(addr, w.ca.Client(&cert), grpc.WithUnaryInterceptor(w.links[[2]string{n, addr}].intercept))
 			},
+			Authenticate: CertAuth{Roots: w.ca.Pool}.Authenticate,
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		gs := grpc.NewServer()
+		// The listener asks for a certificate and checks none: CertAuth
+		// alone decides, as behind a listener whose client CAs are not the
+		// regions'.
+		gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{
+			Certificates: []tls.Certificate{cert.Pair}, ClientAuth: tls.RequestClientCert, MinVersion: tls.VersionTLS12,
+		})))
 		e.Register(gs)
 		go gs.Serve(listeners[n])
 		t.Cleanup(gs.Stop)
@@ -297,14 +329,79 @@ func TestWeights(t *testing.T) {
 // TestPushFromStranger: a region not among the peers is refused.
 func TestPushFromStranger(t *testing.T) {
 	w := newWorld(t, []string{"eu", "us"}, nil)
-	_, err := syncServer{e: w.engines["eu"]}.Push(w.ctx, pushOf("mars", "k", 0, 1000, 5))
-	if status.Code(err) != codes.PermissionDenied {
-		t.Fatalf("push from mars: %v, want PermissionDenied", err)
+	mars := w.ca.Region("mars")
+	if err := w.pushAs(t, "eu", &mars, pushOf("mars", "k", 0, 1000, 5)); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "not a peer") {
+		t.Fatalf("push from mars, with its certificate: %v, want PermissionDenied: not a peer", err)
 	}
-	_, err = syncServer{e: w.engines["eu"]}.Push(w.ctx, pushOf("us", "k", 10, 1000, 5))
-	if status.Code(err) != codes.InvalidArgument {
+	us := w.certs["us"]
+	if err := w.pushAs(t, "eu", &us, pushOf("us", "k", 10, 1000, 5)); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("push of a window not aligned: %v, want InvalidArgument", err)
 	}
+}
+
+// TestPushIdentity: a push is accepted only from the region its caller's
+// certificate names. Pushes claiming us with a count of 1,000,000, which
+// would hold the key over its limit for the rest of the window, are
+// refused from ap's certificate, without a certificate, from an Envoy's
+// certificate of the same CA, and from a certificate naming us of another
+// CA; us's own certificate is accepted, and eu knows only what it pushed.
+func TestPushIdentity(t *testing.T) {
+	w := newWorld(t, []string{"eu", "us", "ap"}, nil)
+	start := windowOf(w.clk.Now(), time.Hour).Start
+	forged := pushOf("us", "k", start, time.Hour.Milliseconds(), 1_000_000)
+	envoy := w.ca.Issue(pkitest.Leaf{CN: "envoy", URIs: []string{"spiffe://cluster.local/ns/gw/sa/envoy"}})
+	other := pkitest.NewCA(t, "another").Region("us")
+	ap := w.certs["ap"]
+	for _, c := range []struct {
+		name string
+		cert *pkitest.Cert
+		want codes.Code
+		msg  string
+	}{
+		{"ap's certificate", &ap, codes.PermissionDenied, `names region ap: want a SAN urn:ratelimitd:region:us`},
+		{"no certificate", nil, codes.Unauthenticated, "without a client certificate"},
+		{"an Envoy's certificate of the same CA", &envoy, codes.PermissionDenied, "names no region"},
+		{"us's name, by another CA", &other, codes.Unauthenticated, "not of the regions' CA"},
+	} {
+		if err := w.pushAs(t, "eu", c.cert, forged); status.Code(err) != c.want || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%s: %v, want %v saying %q", c.name, err, c.want, c.msg)
+		}
+	}
+	if got := w.counts("eu", "k", hourly, algo.GlobalShare)["us"]; got != 0 {
+		t.Fatalf("eu knows a count of %d for us after forged pushes", got)
+	}
+	if st := w.engines["eu"].Stats(); st.Refused != 4 || st.Received != 0 {
+		t.Errorf("eu's stats: %d refused, %d received; want 4 and 0", st.Refused, st.Received)
+	}
+	us := w.certs["us"]
+	if err := w.pushAs(t, "eu", &us, pushOf("us", "k", start, time.Hour.Milliseconds(), 7)); err != nil {
+		t.Fatalf("us's own push: %v", err)
+	}
+	if got := w.counts("eu", "k", hourly, algo.GlobalShare)["us"]; got != 7 {
+		t.Fatalf("eu knows a count of %d for us, want the 7 us pushed", got)
+	}
+}
+
+// pushAs sends req to region to's listener over TLS, presenting cert (nil:
+// none), and returns the answer's error.
+func (w *world) pushAs(t *testing.T, to string, cert *pkitest.Cert, req *ratelimitdv1.PushRequest) error {
+	t.Helper()
+	conn, err := w.dial(to, w.ca.Client(cert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+	defer cancel()
+	_, err = ratelimitdv1.NewRegionSyncClient(conn).Push(ctx, req)
+	return err
+}
+
+// from returns the context gRPC hands a push's handler when region pushes
+// over mutual TLS with its certificate.
+func (w *world) from(region string) context.Context {
+	state := tls.ConnectionState{PeerCertificates: []*x509.Certificate{w.certs[region].Pair.Leaf}}
+	return grpcpeer.NewContext(w.ctx, &grpcpeer.Peer{AuthInfo: credentials.TLSInfo{State: state}})
 }
 
 // TestSiblingsCountTogether runs a region of two replicas on one backend

@@ -25,9 +25,8 @@ func pushOf(region, key string, start, length int64, count uint64) *ratelimitdv1
 // the store from scratch learns, is then every sender's last count,
 // whatever was lost, repeated or reordered.
 func TestMergeIgnoresLossDuplicationAndOrder(t *testing.T) {
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(uint64(seed), 7))
+	seed := seedOf(t)
+	rng := rand.New(rand.NewPCG(seed, 7))
 	for round := range 50 {
 		w := newWorld(t, []string{"eu", "us", "ap"}, nil)
 		limit := algo.Limit{Algorithm: algo.FixedWindow, Requests: 1 << 40, Window: time.Hour}
@@ -69,7 +68,7 @@ func TestMergeIgnoresLossDuplicationAndOrder(t *testing.T) {
 		rng.Shuffle(len(delivered), func(i, j int) { delivered[i], delivered[j] = delivered[j], delivered[i] })
 		srv := syncServer{e: w.engines["eu"]}
 		for _, p := range delivered {
-			if _, err := srv.Push(w.ctx, p); err != nil {
+			if _, err := srv.Push(w.from(p.Region), p); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -83,7 +82,7 @@ func TestMergeIgnoresLossDuplicationAndOrder(t *testing.T) {
 		// A replica that reads the store from scratch (one that starts)
 		// comes to the same counts.
 		fresh, err := New(memory.New(memory.Options{Now: w.clk.Now}), Options{Region: "eu", Peers: []Peer{{Name: "us", Addr: "us"}, {Name: "ap", Addr: "ap"}},
-			Store: w.engines["eu"].opts.Store, Now: w.clk.Now, Dial: w.engines["eu"].opts.Dial})
+			Store: w.engines["eu"].opts.Store, Now: w.clk.Now, Dial: w.engines["eu"].opts.Dial, Authenticate: w.engines["eu"].opts.Authenticate})
 		if err != nil {
 			t.Fatal(err)
 		}

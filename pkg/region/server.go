@@ -28,12 +28,29 @@ type syncServer struct {
 	e *Engine
 }
 
+// authenticate asks Options.Authenticate whether ctx's caller is region;
+// an engine without peers accepts nobody.
+func (e *Engine) authenticate(ctx context.Context, region string) error {
+	if e.opts.Authenticate == nil {
+		return status.Errorf(codes.PermissionDenied, "region %q has no peers: it accepts no push (a push from %q)", e.opts.Region, region)
+	}
+	return e.opts.Authenticate(ctx, region)
+}
+
 // Push merges a peer's counts into the region's store, then into what
-// this replica knows. It answers once the store holds them, so that a
+// this replica knows, once Options.Authenticate has accepted its caller
+// as the region it names. It answers once the store holds them, so that a
 // push acknowledged is one every replica of the region reads.
 func (s syncServer) Push(ctx context.Context, req *ratelimitdv1.PushRequest) (*ratelimitdv1.PushResponse, error) {
 	e := s.e
+	// Who pushes first: a caller that does not prove to be the region it
+	// names learns nothing, not even the peers' names.
+	if err := e.authenticate(ctx, req.GetRegion()); err != nil {
+		e.refused.Add(1)
+		return nil, err
+	}
 	if _, ok := e.index[req.GetRegion()]; !ok {
+		e.refused.Add(1)
 		names := make([]string, 0, len(e.peers))
 		for _, p := range e.peers {
 			names = append(names, p.Name)

@@ -79,9 +79,12 @@ type Stats struct {
 	// Pushes counts the pushes sent (one per peer per interval, or more
 	// for over 10,000 counts), PushFailures those that failed, PushBytes
 	// their size (protobuf) and PushCounts the counts they carried;
-	// Received and ReceivedCounts the same of the pushes received.
+	// Received and ReceivedCounts the same of the pushes received;
+	// Refused counts the pushes refused before any count was read: whose
+	// caller did not prove to be the region they name (Options.
+	// Authenticate), or that name a region not a peer.
 	Pushes, PushFailures, PushBytes, PushCounts uint64
-	Received, ReceivedCounts                    uint64
+	Received, ReceivedCounts, Refused           uint64
 }
 
 // PeerStats is a peer as the engine sees it.
@@ -105,7 +108,7 @@ func (e *Engine) Stats() Stats {
 	st := Stats{
 		Region: e.opts.Region, Known: map[string]uint64{e.opts.Region: 0},
 		Pushes: e.pushes.Load(), PushFailures: e.pushFailures.Load(), PushBytes: e.pushBytes.Load(), PushCounts: e.pushCounts.Load(),
-		Received: e.received.Load(), ReceivedCounts: e.receivedCounts.Load(),
+		Received: e.received.Load(), ReceivedCounts: e.receivedCounts.Load(), Refused: e.refused.Load(),
 	}
 	for _, p := range e.peers {
 		st.Known[p.Name] = 0

@@ -73,6 +73,9 @@ func TestJSONEndpointErrors(t *testing.T) {
 	}{
 		{"malformed JSON", "POST", `{"domain": `, http.StatusBadRequest, "the body is not a RateLimitRequest in JSON"},
 		{"unknown field", "POST", `{"domian": "x"}`, http.StatusBadRequest, `unknown field "domian"`},
+		// JSON is UTF-8 text: a value of other bytes cannot be sent here,
+		// only over gRPC, where it is decided.
+		{"value not UTF-8", "POST", "{\"domain\": \"messaging\", \"descriptors\": [{\"entries\": [{\"key\": \"burst\", \"value\": \"\xff\"}]}]}", http.StatusBadRequest, "invalid UTF-8"},
 		{"invalid argument", "POST", `{"domain": "messaging"}`, http.StatusBadRequest, "descriptors: none given"},
 		{"too large", "POST", `{"domain": "` + strings.Repeat("x", MaxJSONBody) + `"}`, http.StatusRequestEntityTooLarge, "larger than 4194304 bytes"},
 	} {

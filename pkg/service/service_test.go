@@ -124,7 +124,10 @@ func newFixtureOpts(t testing.TB, rules string, be algo.Backend, clk *testClock,
 		t.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer()
+	// As serve makes its server: requests decoded by DecodeOptions,
+	// handler panics answered, not fatal.
+	serverOpts := append(DecodeOptions(), grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()))
+	gs := grpc.NewServer(serverOpts...)
 	svc.RegisterGRPC(gs)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
@@ -874,5 +877,28 @@ func TestNilMessagesInProcess(t *testing.T) {
 		if _, err := f.svc.ShouldRateLimit(context.Background(), req); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%s: %v, want InvalidArgument", name, err)
 		}
+	}
+}
+
+// BenchmarkShouldRateLimitOverGRPC decides over a gRPC connection (in
+// memory, bufconn), so that what the server does to a request before the
+// handler (its codec, its interceptors) is measured too.
+func BenchmarkShouldRateLimitOverGRPC(b *testing.B) {
+	f := newFixture(b, benchRules)
+	for name, req := range map[string]*rlsv3.RateLimitRequest{
+		"one_descriptor":  request("messaging", desc("to_number", "2061111111")),
+		"two_descriptors": request("messaging", desc("message_type", "marketing", "to_number", "2061111111"), desc("to_number", "2061111111")),
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := f.client.ShouldRateLimit(context.Background(), req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
 	}
 }

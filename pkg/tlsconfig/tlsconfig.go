@@ -256,6 +256,20 @@ func readFile(what, name string) ([]byte, error) {
 	return data, nil
 }
 
+// ClientCAs returns the client CAs in force of cfg, a configuration
+// [Server] made: those of its client CA file as last read (they change
+// when the file does); nil without one.
+func ClientCAs(cfg *tls.Config) *x509.CertPool {
+	if cfg.GetConfigForClient == nil {
+		return cfg.ClientCAs
+	}
+	c, err := cfg.GetConfigForClient(nil)
+	if err != nil || c == nil {
+		return cfg.ClientCAs
+	}
+	return c.ClientCAs
+}
+
 // Peer returns the *tls.Config with which a server dials servers of its
 // own mesh, as ratelimitd's regions dial each other: f.Cert and f.Key are
 // its client certificate, and the servers' certificates are verified
@@ -272,12 +286,8 @@ func Peer(f Files, onReloadError func(error)) (*tls.Config, error) {
 	}
 	// Server's reloader serves the certificate and the CAs, reloaded.
 	current := func() (*tls.Certificate, *x509.CertPool, error) {
-		c, err := server.GetConfigForClient(nil)
-		if err != nil {
-			return nil, nil, err
-		}
 		cert, err := server.GetCertificate(nil)
-		return cert, c.ClientCAs, err
+		return cert, ClientCAs(server), err
 	}
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,

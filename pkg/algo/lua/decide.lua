@@ -7,6 +7,11 @@
 --          (TIME), so that replicas with skewed clocks agree.
 -- ARGV[2]  the least TTL of a stored key, in ms: 0 in production; tests
 --          whose clock is not the Redis clock keep keys longer with it.
+--          It may be followed by " NOT_AFTER", in us on the Redis clock:
+--          the caller gives up then, so a call that Redis runs later
+--          (one that waited in a stalled Redis's socket) decides and
+--          stores nothing, and answers an error starting with
+--          "ratelimitd: late".
 -- ARGV[3 + 3*(i-1) ...]  request i: its limit "algorithm N W B" (W in us,
 --          >= 1; B the bucket capacity, N when the rule sets none), hits,
 --          and flags: "0", "1" shadow, "2" peek (decided, never stored),
@@ -35,7 +40,10 @@
 -- on its own, all or nothing, in order: ARGV[4] is their number B, ARGV[5]
 -- to ARGV[4 + B] the number of requests of each, and their requests'
 -- arguments follow, batch after batch, as KEYS do. The reply is each
--- batch's reply in turn.
+-- batch's reply in turn. A batch's number may be followed by " NOT_AFTER"
+-- (us on the Redis clock), that batch's caller's: a batch the call runs
+-- later is decided and stored nothing, and its reply is that of a batch
+-- refused whose admitted is -1 and every other value 0.
 --
 -- What a decision costs Redis is mostly calls and tables: every key of the
 -- call is read with one MGET, a limit is parsed once (limit_of), and a
@@ -338,17 +346,51 @@ local function decide_batch(argv, k, count, a, reply)
   end
 end
 
+-- redis_time returns the Redis clock in us (TIME).
+local function redis_time()
+  if redis.replicate_commands then
+    redis.replicate_commands() -- writes after TIME, before Redis 5
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- count_and_limit splits a number argument "N" or "N NOT_AFTER" into N and
+-- the not-after instant (nil for none).
+local function count_and_limit(arg)
+  local n, not_after = string.match(arg, '^(%d+) (%d+)$')
+  if n == nil then
+    return tonumber(arg), nil
+  end
+  return tonumber(n), tonumber(not_after)
+end
+
 local function decide(KEYS, ARGV)
-  if ARGV[1] == '' then
-    if redis.replicate_commands then
-      redis.replicate_commands() -- writes after TIME, before Redis 5
+  local not_after
+  min_ttl, not_after = count_and_limit(ARGV[2])
+  -- The Redis clock is read first, before any write: when it decides
+  -- (ARGV[1] empty), and when the call or a batch has a not-after instant.
+  -- Otherwise the script reads no clock at all (for services that forbid
+  -- TIME in scripts).
+  local timed = ARGV[1] == '' or not_after ~= nil
+  if not timed and ARGV[3] == 'batches' then
+    for j = 1, tonumber(ARGV[4]) do
+      if string.find(ARGV[4 + j], ' ', 1, true) then
+        timed = true
+        break
+      end
     end
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  local clock = timed and redis_time() or nil
+  if ARGV[1] == '' then
+    now = clock
   else
     now = tonumber(ARGV[1])
   end
-  min_ttl = tonumber(ARGV[2])
+  if not_after and clock > not_after then
+    return redis.error_reply('ratelimitd: late: the call ran ' .. fmt(clock - not_after) ..
+      ' us after its caller gave up; nothing was decided')
+  end
   keys, stored_states = KEYS, {}
   -- One MGET reads every key (in chunks: unpack is limited to a few
   -- thousand values). A key that holds no string reads as false.
@@ -370,10 +412,18 @@ local function decide(KEYS, ARGV)
     local b = tonumber(ARGV[4])
     local k, a = 1, 5 + b
     for j = 1, b do
-      local count = tonumber(ARGV[4 + j])
-      local err = decide_batch(ARGV, k, count, a, reply)
-      if err then
-        return redis.error_reply(err)
+      local count, batch_not_after = count_and_limit(ARGV[4 + j])
+      if batch_not_after and clock > batch_not_after then
+        local m = #reply
+        reply[m + 1] = -1 -- late: its caller gave up
+        for i = 2, 2 + 5 * count do
+          reply[m + i] = 0
+        end
+      else
+        local err = decide_batch(ARGV, k, count, a, reply)
+        if err then
+          return redis.error_reply(err)
+        end
       end
       k, a = k + count, a + 3 * count
     end

@@ -211,8 +211,9 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 		g.keys = append(g.keys, k)
 		g.reqs = append(g.reqs, reqs[i])
 	}
+	notAfter := b.notAfter(ctx)
 	for _, g := range groups {
-		g.args = algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(g.reqs)), now, b.minTTL, g.reqs)
+		g.args = algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(g.reqs)), now, b.minTTL, notAfter, g.reqs)
 	}
 
 	var nodes []string
@@ -277,6 +278,7 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 			reply, err = b.run(ctx, b.cluster, g.keys, g.args)
 		}
 		if err != nil {
+			b.checkLate(ctx, err)
 			err = fmt.Errorf("redis: decision call: %w", err)
 		}
 		if err == nil {

@@ -111,9 +111,15 @@ func (c *coalescer) run(group []*job) {
 		now = c.b.opts.Now()
 	}
 	keys := make([]string, 0, len(live)*live[0].n)
-	args := algo.AppendBatchesHeader(make([]any, 0, 4+len(live)+len(live)*algo.ScriptArgsPerRequest*live[0].n), now, c.b.minTTL, len(live))
+	args := algo.AppendBatchesHeader(make([]any, 0, 4+len(live)+len(live)*algo.ScriptArgsPerRequest*live[0].n), now, c.b.minTTL, time.Time{}, len(live))
+	// Each job's batch carries the instant after which it decides nothing:
+	// its caller's deadline (on the Redis clock).
 	for _, j := range live {
-		args = append(args, j.n)
+		var notAfter time.Time
+		if d, ok := j.ctx.Deadline(); ok {
+			notAfter = c.b.notAfterOf(d)
+		}
+		args = algo.AppendBatchLen(args, j.n, notAfter)
 	}
 	for _, j := range live {
 		keys = append(keys, j.keys...)
@@ -123,17 +129,22 @@ func (c *coalescer) run(group []*job) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.deadline(live))
 	reply, err := c.b.run(ctx, c.b.client, keys, args)
 	cancel()
+	late := make([]bool, len(live))
 	if err == nil {
 		outs := make([][]algo.Decision, len(live))
 		for i, j := range live {
 			outs[i] = j.res
 		}
-		if perr := algo.ParseBatchesReply(reply, outs); perr != nil {
+		if perr := algo.ParseBatchesReply(reply, outs, late); perr != nil {
 			err = fmt.Errorf("redis: %w", perr)
 		}
 	}
-	for _, j := range live {
+	for i, j := range live {
 		j.err = err
+		if late[i] && err == nil {
+			j.err = fmt.Errorf("redis: %w", algo.ErrLate)
+			c.b.checkLate(j.ctx, j.err)
+		}
 		close(j.done)
 	}
 }

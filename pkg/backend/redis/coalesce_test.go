@@ -54,7 +54,7 @@ func TestBatchesAgree(t *testing.T) {
 						keys = append(keys, lua.opts.Prefix+string(batches[bi][i].Key))
 					}
 				}
-				args := algo.AppendBatchesArgs(nil, now, lua.minTTL, batches)
+				args := algo.AppendBatchesArgs(nil, now, lua.minTTL, time.Time{}, batches)
 				reply, err := lua.run(ctx, lua.client, keys, args)
 				if err != nil {
 					t.Fatal(err)
@@ -63,7 +63,7 @@ func TestBatchesAgree(t *testing.T) {
 				for bi := range batches {
 					got[bi] = make([]algo.Decision, len(batches[bi]))
 				}
-				if err := algo.ParseBatchesReply(reply, got); err != nil {
+				if err := algo.ParseBatchesReply(reply, got, nil); err != nil {
 					t.Fatal(err)
 				}
 				for bi, b := range batches {

@@ -84,6 +84,10 @@ type Backend struct {
 	// minTTL is the least TTL of a stored key; tests whose clock runs
 	// apart from the Redis clock raise it so keys outlive their test.
 	minTTL time.Duration
+	// clock is the offset of the Redis clock, which turns a caller's
+	// deadline into the instant after which its call decides nothing
+	// (clock.go).
+	clock clockOffset
 }
 
 // New returns a backend on client, which the caller keeps and closes. The
@@ -116,6 +120,9 @@ func (b *Backend) Functions() bool { return !b.scripts.Load() }
 // front saves the first call that round trip and proves the server runs
 // Lua.
 func (b *Backend) LoadScript(ctx context.Context) error {
+	// The clocks' offset is measured before the first decision; when it
+	// cannot be, decisions measure it meanwhile.
+	_ = b.clock.measure(ctx, b.client)
 	if !b.scripts.Load() {
 		err := b.loadLibrary(ctx)
 		if err == nil {
@@ -172,7 +179,7 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 	}
 
 	keys, reqs := b.prepare(reqs, false)
-	args := algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(reqs)), now, b.minTTL, reqs)
+	args := algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(reqs)), now, b.minTTL, b.notAfter(ctx), reqs)
 	reply, err := b.run(ctx, b.client, keys, args)
 	if err != nil {
 		return err
@@ -299,6 +306,7 @@ func (b *Backend) run(ctx context.Context, c caller, keys []string, args []any) 
 	if !b.scripts.Load() {
 		reply, err := b.fcall(ctx, c, keys, args)
 		if !unsupported(err) {
+			b.checkLate(ctx, err)
 			return reply, err
 		}
 		b.scripts.Store(true) // this server runs scripts only
@@ -308,6 +316,7 @@ func (b *Backend) run(ctx context.Context, c caller, keys []string, args []any) 
 		reply, err = c.Eval(ctx, b.script, keys, args...).Slice()
 	}
 	if err != nil {
+		b.checkLate(ctx, err)
 		return nil, fmt.Errorf("redis: decision script: %w", err)
 	}
 	return reply, nil

@@ -96,9 +96,12 @@ func NewPrometheus(opts PrometheusOptions) (*PrometheusSink, error) {
 	count := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "statsd_exporter_metrics_total", Help: "The total number of metrics.",
 	}, []string{"type"})
+	// By type and name, as statsd_exporter's main.go makes it: its
+	// exporter counts a conflict with both (Exporter.handleEvent), and a
+	// counter of one label would panic there.
 	conflicts := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "statsd_exporter_events_conflict_total", Help: "The total number of StatsD events with conflicting names.",
-	}, []string{"type"})
+	}, []string{"type", "metric_name"})
 	seen := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "statsd_exporter_events_total", Help: "The total number of StatsD events seen.",
 	}, []string{"type"})

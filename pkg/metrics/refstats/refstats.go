@@ -516,8 +516,11 @@ var ipv4 = regexp.MustCompile(`\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}`)
 // Sanitize returns stat name part s as the reference cleans it: ':' and
 // '|', which end a name in the statsd protocol, become '_', and so do the
 // dots of IPv4 addresses; line breaks, which would start a new statsd
-// line, become '_' too.
+// line, become '_' too, and bytes that are not UTF-8 (a descriptor value
+// Envoy copied from a header) U+FFFD, since Prometheus refuses label
+// values that are not UTF-8.
 func Sanitize(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.NewReplacer(":", "_", "|", "_", "\n", "_", "\r", "_").Replace(s)
 	return ipv4.ReplaceAllStringFunc(s, func(ip string) string { return strings.ReplaceAll(ip, ".", "_") })
 }

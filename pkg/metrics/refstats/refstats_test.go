@@ -72,6 +72,7 @@ func (f *failing) Decide(ctx context.Context, reqs []algo.Request, out []algo.De
 
 // env is an in-process ratelimitd whose reference statistics go to sinks.
 type env struct {
+	svc     *service.Service
 	stats   *refstats.Stats
 	backend *failing
 	client  rlsv3.RateLimitServiceClient
@@ -103,7 +104,7 @@ func start(t *testing.T, sinks ...refstats.Sink) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
-	return &env{stats: st, backend: be, client: rlsv3.NewRateLimitServiceClient(cc)}
+	return &env{svc: svc, stats: st, backend: be, client: rlsv3.NewRateLimitServiceClient(cc)}
 }
 
 func desc(kv ...string) *rlv3.RateLimitDescriptor {
@@ -369,6 +370,7 @@ func TestSanitize(t *testing.T) {
 		"x\ny":                        "x_y",
 		"v1.2.3":                      "v1.2.3",
 		"1234.5.6.7.8":                "1234_5_6_7.8",
+		"a\xffb\xc0\xaf":              "a\ufffdb\ufffd",
 	} {
 		if got := refstats.Sanitize(in); got != want {
 			t.Errorf("Sanitize(%q) = %q, want %q", in, got, want)
@@ -565,3 +567,55 @@ func TestPrometheusSampledTimer(t *testing.T) {
 }
 
 const shouldRateLimitMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// TestNamesNotUTF8: a descriptor value that is not UTF-8, which Envoy may
+// send and ratelimitd decides, names its statistics with U+FFFD for the
+// bytes that are not UTF-8: Prometheus refuses label values that are not
+// UTF-8.
+func TestNamesNotUTF8(t *testing.T) {
+	sink, err := refstats.NewPrometheus(refstats.PrometheusOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	e := start(t, sink)
+	// In process: a gRPC client of Go cannot send such a value.
+	req := &rlsv3.RateLimitRequest{Domain: "web", Descriptors: []*rlv3.RateLimitDescriptor{desc("to_number", "20\xff61")}}
+	if _, err := e.svc.ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	e.stats.Flush()
+	got := scrape(t, sink.Handler(), "ratelimit_service_rate_limit_total_hits", "statsd_exporter_events_conflict_total")
+	want := []string{"ratelimit_service_rate_limit_total_hits{domain=\"web\",key1=\"to_number_20\ufffd61\"} 1"}
+	if !slices.Equal(got, want) {
+		t.Errorf("series:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestPrometheusConflictingNames: a timer a mapping names as a counter is
+// counted as statsd_exporter counts a conflict, by type and name, and the
+// exporter goes on.
+func TestPrometheusConflictingNames(t *testing.T) {
+	sink, err := refstats.NewPrometheus(refstats.PrometheusOptions{Mapping: `mappings:
+  - match: "ratelimit.service.rate_limit.*.*.total_hits"
+    name: "rl"
+    labels: {rule: "$2"}
+  - match: "ratelimit_server.*.response_time"
+    name: "rl"
+    labels: {rule: "$1"}
+`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	e := start(t, sink)
+	e.ask(t, "web", 1, desc("user", "ann"))
+	e.stats.Flush()
+	e.ask(t, "web", 1, desc("user", "ann"))
+	e.stats.Flush()
+	got := scrape(t, sink.Handler(), "rl", "statsd_exporter_events_conflict_total")
+	want := []string{`rl{rule="user"} 2`, `statsd_exporter_events_conflict_total{metric_name="rl",type="observer"} 2`}
+	if !slices.Equal(got, want) {
+		t.Errorf("series:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
