@@ -28,6 +28,7 @@ var (
 	rlqsAssignedDesc    = rlqsDesc("assigned", "What this replica's streams are assigned, still in force, for the buckets the rule decides (units of the rule's limit, summed).", "domain", "rule")
 	rlqsBudgetOpsDesc   = rlqsDesc("budget_operations_total", "Operations sent to the backend holding the budgets, by op: take (a lease, or an announcement where the budget is contended), give (a lease back), read (a contended budget and its announcements).", "op")
 	rlqsBudgetFailDesc  = rlqsDesc("budget_failures_total", "Calls to the backend holding the budgets that failed: reports then answered with this replica's share alone.")
+	rlqsNotUTF8Desc     = rlqsDesc("buckets_not_utf8_total", "Bucket reports whose id is not UTF-8 (Envoy builds ids from headers byte for byte): left out of the answers, since Envoy could not read an answer naming them; its no_assignment_behavior decides them.")
 	rlqsUsageDesc       = rlqsDesc("rule_usage", "Requests per second the streams of this replica report allowed for buckets the rule decides, at their latest reports; sum over replicas for the rule's global usage.", "domain", "rule")
 )
 
@@ -46,7 +47,7 @@ func withRLQSExplain(h http.Handler, quota *rlqs.Server) http.Handler {
 func registerRLQS(reg prometheus.Registerer, s *rlqs.Server) { reg.MustRegister(rlqsMetrics{s}) }
 
 func (rlqsMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{rlqsStreamsDesc, rlqsBucketsDesc, rlqsReportsDesc, rlqsPushesDesc, rlqsRebalancesDesc, rlqsAssignmentsDesc, rlqsErrorsDesc, rlqsUsageDesc, rlqsHeldDesc, rlqsAssignedDesc, rlqsBudgetOpsDesc, rlqsBudgetFailDesc} {
+	for _, d := range []*prometheus.Desc{rlqsStreamsDesc, rlqsBucketsDesc, rlqsReportsDesc, rlqsPushesDesc, rlqsRebalancesDesc, rlqsAssignmentsDesc, rlqsErrorsDesc, rlqsUsageDesc, rlqsHeldDesc, rlqsAssignedDesc, rlqsBudgetOpsDesc, rlqsBudgetFailDesc, rlqsNotUTF8Desc} {
 		ch <- d
 	}
 }
@@ -76,4 +77,5 @@ func (m rlqsMetrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(rlqsBudgetOpsDesc, prometheus.CounterValue, float64(n), op)
 	}
 	ch <- prometheus.MustNewConstMetric(rlqsBudgetFailDesc, prometheus.CounterValue, float64(st.Budget.Failed))
+	ch <- prometheus.MustNewConstMetric(rlqsNotUTF8Desc, prometheus.CounterValue, float64(st.NotUTF8))
 }

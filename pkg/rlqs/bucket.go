@@ -1,11 +1,13 @@
 package rlqs
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Bounds of a bucket id, the same as an RLS descriptor's (SPEC section 7).
@@ -24,6 +26,10 @@ type entry struct{ key, value string }
 func (d bucketDescriptor) Len() int { return len(d) }
 
 func (d bucketDescriptor) Entry(i int) (string, string) { return d[i].key, d[i].value }
+
+// errNotUTF8 is the error of a bucket id holding a key or value that is
+// not UTF-8 (see Server.handle).
+var errNotUTF8 = errors.New("not UTF-8")
 
 // newBucketDescriptor sorts the entries of bucket id m by key, or says what
 // is wrong with it.
@@ -44,6 +50,8 @@ func newBucketDescriptor(m map[string]string) (bucketDescriptor, error) {
 			return nil, fmt.Errorf("bucket_id key of %d bytes: at most %d are accepted", len(k), maxKeyLen)
 		case len(v) > maxValueLen:
 			return nil, fmt.Errorf("bucket_id value of key %q has %d bytes: at most %d are accepted", k, len(v), maxValueLen)
+		case !utf8.ValidString(k) || !utf8.ValidString(v):
+			return nil, fmt.Errorf("bucket_id entry %q: %q: %w", k, v, errNotUTF8)
 		}
 		d = append(d, entry{k, v})
 	}

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -242,6 +243,8 @@ type stream struct {
 	wake   chan struct{}
 	reload bool
 	moved  map[string]bool
+	// warnedUTF8 is set once a bucket id that is not UTF-8 was logged.
+	warnedUTF8 bool
 }
 
 // streamBucket is one bucket a stream reports.
@@ -516,6 +519,8 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 		return status.Error(codes.InvalidArgument, "the first report of a stream must name its domain")
 	case ss.domain == "" && len(d) > maxDomainLen:
 		return status.Errorf(codes.InvalidArgument, "domain of %d bytes: at most %d are accepted", len(d), maxDomainLen)
+	case !utf8.ValidString(d):
+		return status.Errorf(codes.InvalidArgument, "domain %q is not UTF-8", d)
 	case ss.domain == "":
 		ss.domain = d
 	case d != "" && d != ss.domain:
@@ -529,6 +534,15 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 	keys := make([]string, len(usages))
 	index := make(map[string]int, len(usages))
 	var kb []byte
+	// A bucket id that is not UTF-8 cannot be answered: Envoy's filter
+	// builds ids from request headers byte for byte and sends them, but
+	// its protobuf refuses a response holding such a string (proto3
+	// strings are checked when parsed), so an answer naming the bucket
+	// would break the stream, and every bucket of that Envoy would lose
+	// its assignment. The bucket is left out of the answer (Envoy's
+	// no_assignment_behavior decides it) and counted; the others are
+	// answered.
+	var unanswerable []int
 	for i, u := range usages {
 		id := u.GetBucketId().GetBucket()
 		// A bucket the stream holds was checked when it was first
@@ -541,6 +555,10 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 		}
 		if descs[i] == nil {
 			d, err := newBucketDescriptor(id)
+			if errors.Is(err, errNotUTF8) {
+				unanswerable = append(unanswerable, i)
+				continue
+			}
 			if err != nil {
 				return status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: %v", i, err)
 			}
@@ -555,6 +573,14 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 		index[keys[i]] = i
 	}
 
+	if len(unanswerable) > 0 {
+		s.counts.notUTF8.Add(uint64(len(unanswerable)))
+		if !ss.warnedUTF8 {
+			ss.warnedUTF8 = true
+			s.opts.Logger.Warn("rlqs: bucket ids that are not UTF-8 are left unanswered (Envoy could not read an answer naming them); its no_assignment_behavior decides them. Logged once per stream; ratelimitd_rlqs_buckets_not_utf8_total counts them",
+				"stream", ss.id, "domain", ss.domain, "bucket_id", fmt.Sprintf("%q", usages[unanswerable[0]].GetBucketId().GetBucket()))
+		}
+	}
 	var dom *config.Domain
 	if rules := s.opts.Rules(); rules != nil {
 		dom = rules.Domain(ss.domain)
@@ -581,8 +607,8 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 
 	s.mu.Lock()
 	added := 0
-	for _, k := range keys {
-		if ss.buckets[k] == nil {
+	for i, k := range keys {
+		if descs[i] != nil && ss.buckets[k] == nil {
 			added++
 		}
 	}
@@ -601,6 +627,9 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 		defer func() { sc.batch, sc.calls = batch, calls }()
 	}
 	for i, u := range usages {
+		if descs[i] == nil {
+			continue // not UTF-8: see above
+		}
 		b := ss.buckets[keys[i]]
 		first := b == nil
 		if first {

@@ -37,6 +37,9 @@ type Stats struct {
 	Usage []RuleUsage
 	// Budget counts the operations sent to the budget store, by kind.
 	Budget BudgetOps
+	// NotUTF8 counts the buckets reported whose id is not UTF-8, left out
+	// of the answers (Envoy could not read an answer naming them).
+	NotUTF8 uint64
 }
 
 // BudgetOps counts operations on the budget store ([Options.Budget]).
@@ -73,6 +76,7 @@ type counts struct {
 	reports, pushes, rebalances               atomic.Uint64
 	tokenBucket, allowAll, denyAll, abandoned atomic.Uint64
 	takes, gives, reads, failed               atomic.Uint64
+	notUTF8                                   atomic.Uint64
 	buckets                                   int
 	errors                                    map[codes.Code]uint64
 	usage                                     map[ruleRef]*ruleUsage
@@ -149,6 +153,7 @@ func (s *Server) failed(err error) error {
 func (s *Server) Stats() Stats {
 	st := Stats{
 		Reports:    s.counts.reports.Load(),
+		NotUTF8:    s.counts.notUTF8.Load(),
 		Pushes:     s.counts.pushes.Load(),
 		Rebalances: s.counts.rebalances.Load(),
 		Budget: BudgetOps{

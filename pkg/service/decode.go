@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
@@ -40,12 +41,16 @@ import (
 //     failure_mode_deny: false (Filter::complete,
 //     source/extensions/filters/http/ratelimit/ratelimit.cc): a bypass of
 //     every limit keyed on a header.
+//   - Envoy's RLQS usage report whose strings are not UTF-8 is decoded as
+//     it came too, for the RLQS server to answer the buckets it can (a
+//     bucket id is built from headers as a descriptor is:
+//     docs/rlqs.md); ending the stream would leave every bucket of that
+//     Envoy unassigned.
 //   - Any other request that does not decode (a string that is not UTF-8
-//     in ratelimitd's own API, the RLQS stream or a region push; a
-//     truncated message; a malformed tag or varint) is answered
-//     InvalidArgument, its message and BadRequest detail naming the field,
-//     where grpc-go alone answers Internal for every request its codec
-//     refuses.
+//     in ratelimitd's own API or a region push; a truncated message; a
+//     malformed tag or varint) is answered InvalidArgument, its message and
+//     BadRequest detail naming the field, where grpc-go alone answers
+//     Internal for every request its codec refuses.
 //
 // Valid requests decode exactly as with grpc-go's own codec, at the same
 // cost.
@@ -66,6 +71,7 @@ func DecodeOptions() []grpc.ServerOption {
 type decoder struct {
 	proto encoding.CodecV2 // grpc-go's, for answers
 	rls   *lenient         // Envoy's RateLimitRequest with strings as bytes
+	rlqs  *lenient         // Envoy's RLQS RateLimitQuotaUsageReports, likewise
 	// failed holds, by message (a pointer), the *badRequest of a message
 	// Unmarshal refused, until the interceptor that receives it takes it;
 	// pending counts them, so that calls skip the map while it is empty.
@@ -75,12 +81,15 @@ type decoder struct {
 
 func newDecoder() *decoder {
 	rls, err := newLenient((*rlsv3.RateLimitRequest)(nil).ProtoReflect().Descriptor())
-	if err != nil {
-		// The descriptor is compiled in: a failure is a bug, caught by the
-		// package's tests.
-		panic(err)
+	if err == nil {
+		var rlqs *lenient
+		if rlqs, err = newLenient((*rlqsv3.RateLimitQuotaUsageReports)(nil).ProtoReflect().Descriptor()); err == nil {
+			return &decoder{proto: encoding.GetCodecV2(encproto.Name), rls: rls, rlqs: rlqs}
+		}
 	}
-	return &decoder{proto: encoding.GetCodecV2(encproto.Name), rls: rls}
+	// The descriptors are compiled in: a failure is a bug, caught by the
+	// package's tests.
+	panic(err)
 }
 
 // Name is the content subtype the codec serves: grpc-go's default.
@@ -105,6 +114,12 @@ func (d *decoder) Unmarshal(data mem.BufferSlice, v any) error {
 	}
 	proto.Reset(m) // no handler sees half a message
 	if req, ok := m.(*rlsv3.RateLimitRequest); ok && d.rls.decode(b, req) == nil {
+		return nil
+	}
+	// An RLQS report's bucket ids may hold any bytes (the RLQS server
+	// leaves those buckets unanswered); its domain comes from Envoy's
+	// config, and one that is not UTF-8 is refused like any other string.
+	if rep, ok := m.(*rlqsv3.RateLimitQuotaUsageReports); ok && d.rlqs.decode(b, rep) == nil && utf8.ValidString(rep.GetDomain()) {
 		return nil
 	}
 	proto.Reset(m)

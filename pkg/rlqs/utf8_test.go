@@ -1,0 +1,109 @@
+package rlqs_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ratelimitd/ratelimitd/internal/wiretest"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
+	"github.com/ratelimitd/ratelimitd/pkg/service"
+)
+
+// TestBucketIDNotUTF8: Envoy's filter builds bucket ids from request
+// headers byte for byte (as it builds RLS descriptors) and sends them, but
+// its protobuf refuses to parse a response holding a string that is not
+// UTF-8 (proto3 strings are checked when parsed). A report holding such a
+// bucket id is answered for its other buckets, in a response that parses,
+// and the stream goes on; the bucket is left unanswered and counted. Ending
+// the stream instead would leave every bucket of that Envoy unassigned:
+// with no_assignment_behavior ALLOW_ALL, every limit of it bypassed by one
+// header.
+func TestBucketIDNotUTF8(t *testing.T) {
+	rules, err := config.Parse(config.File{Name: "quota.yaml", Data: []byte(rulesYAML)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	var logs bytes.Buffer
+	srv, err := rlqs.New(rlqs.Options{Rules: func() *config.Rules { return rules }, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer(service.DecodeOptions()...) // as ratelimitd serves it
+	srv.Register(gs)
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx := ctxT(t)
+	st, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true},
+		"/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas", wiretest.CallOption())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The report, encoded with a placeholder that 0xFF then overwrites in
+	// place: Go's protobuf encodes no string that is not UTF-8.
+	const placeholder = "HEADERVALUE"
+	report := func(route string) wiretest.Raw {
+		u := func(bucket map[string]string) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
+			return &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: bucket}, TimeElapsed: durationpb.New(0), NumRequestsAllowed: 1}
+		}
+		b, err := proto.Marshal(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			u(map[string]string{"name": "acme", "route": route}), u(map[string]string{"name": "acme", "route": "/pay"}),
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bytes.Replace(b, []byte(placeholder), []byte("\xff"+placeholder[1:]), 1)
+	}
+	exchange := func(r wiretest.Raw) *rlqsv3.RateLimitQuotaResponse {
+		t.Helper()
+		if err := st.SendMsg(r); err != nil {
+			t.Fatal(err)
+		}
+		var out wiretest.Raw
+		if err := st.RecvMsg(&out); err != nil {
+			t.Fatalf("a report with a bucket id that is not UTF-8: %v; want the other buckets answered", err)
+		}
+		// What Envoy's parser needs: a response it can read.
+		var resp rlqsv3.RateLimitQuotaResponse
+		if err := proto.Unmarshal(out, &resp); err != nil {
+			t.Fatalf("the answer does not parse, as Envoy's protobuf would not parse it: %v", err)
+		}
+		return &resp
+	}
+	resp := exchange(report(placeholder))
+	if len(resp.BucketAction) != 1 || resp.BucketAction[0].GetBucketId().GetBucket()["route"] != "/pay" || resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+		t.Fatalf("answer %v: want a token bucket for route /pay alone", resp)
+	}
+	// The stream goes on: the next report is answered too.
+	clk.Advance(5 * time.Second)
+	if resp := exchange(report(placeholder)); len(resp.BucketAction) != 1 {
+		t.Fatalf("the next report: %v", resp)
+	}
+	if got := srv.Stats(); got.NotUTF8 != 2 || got.Buckets != 1 || len(got.StreamErrors) != 0 {
+		t.Fatalf("stats %+v: want 2 reports of a bucket not UTF-8 counted, one bucket held, no stream ended", got)
+	}
+	if n := bytes.Count(logs.Bytes(), []byte("not UTF-8")); n != 1 {
+		t.Errorf("logged %d times, want once per stream:\n%s", n, logs.String())
+	}
+}
