@@ -537,7 +537,8 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 	// A bucket id that is not UTF-8 cannot be answered: Envoy's filter
 	// builds ids from request headers byte for byte and sends them, but
 	// its protobuf refuses a response holding such a string (proto3
-	// strings are checked when parsed), so an answer naming the bucket
+	// strings are checked when parsed, only logged when serialized:
+	// protocolbuffers/protobuf issue 7364), so an answer naming the bucket
 	// would break the stream, and every bucket of that Envoy would lose
 	// its assignment. The bucket is left out of the answer (Envoy's
 	// no_assignment_behavior decides it) and counted; the others are
