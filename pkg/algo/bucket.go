@@ -40,6 +40,14 @@ func tokenBucketOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decisio
 			tokens, last = r.refill(tokens, last, b, held, at)
 		}
 	}
+	if o.op == opCount {
+		// Into debt, by at most N tokens: the hits' cost beyond that would
+		// keep the key refused for longer than a window.
+		n := int64(l.Requests)
+		tokens = max(tokens-int64(min(hits, uint64(b+n))), -n)
+		*s = State{Time: last.us, Frac: last.f, Count: tokens, Log: live}
+		return Decision{}
+	}
 	// until returns the time until the bucket holds k tokens.
 	until := func(k, tokens int64, live leases) int64 { return r.until(k, tokens, last, b, live, at) }
 	// keep stores the bucket with tokens and the leases live.
@@ -47,7 +55,7 @@ func tokenBucketOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decisio
 		*s = State{Time: last.us, Frac: last.f, Count: tokens, Log: live}
 	}
 
-	d := Decision{Remaining: uint64(tokens)}
+	d := Decision{Remaining: uint64(max(tokens, 0))} // tokens < 0: a debt (opCount)
 	if tokens < b {
 		d.ResetAfter = micros(until(b, tokens, live))
 	}
@@ -58,7 +66,7 @@ func tokenBucketOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decisio
 			return Decision{Allowed: true, Remaining: uint64(b)}
 		}
 		keep(tokens, live)
-		return Decision{Allowed: true, Remaining: uint64(tokens), ResetAfter: micros(until(b, tokens, live))}
+		return Decision{Allowed: true, Remaining: uint64(max(tokens, 0)), ResetAfter: micros(until(b, tokens, live))}
 	}
 	switch {
 	case hits == 0 && o.op != OpTake:
@@ -144,23 +152,8 @@ func leakyBucket(s *State, now int64, l Limit, hits uint64) Decision {
 	if l.Requests == 0 {
 		return refuseAll(hits)
 	}
-	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
-	level, last := s.Count, r.stored(s.Time, s.Frac)
-	switch {
-	case level <= 0:
-		level, last = 0, at
-	case last.cmp(at) > 0:
-		if r.sub(last, at).cmp(inst{w, 0}) > 0 {
-			level, last = 0, at
-		}
-	default:
-		k := r.fit(r.sub(at, last), level)
-		if level -= k; level == 0 {
-			last = at
-		} else {
-			last = r.add(last, r.cost(k))
-		}
-	}
+	r, b, at := newRate(l), int64(l.capacity()), inst{now, 0}
+	level, last := r.drain(s, at, windowMicros(l))
 	// drained returns the time until a queue of level has drained.
 	drained := func(level int64) int64 { return r.sub(r.add(last, r.cost(level)), at).ceil() }
 
@@ -183,6 +176,28 @@ func leakyBucket(s *State, now int64, l Limit, hits uint64) Decision {
 	level += int64(hits)
 	*s = State{Time: last.us, Frac: last.f, Count: level}
 	return Decision{Allowed: true, Remaining: uint64(b - level), ResetAfter: micros(drained(level)), Wait: wait}
+}
+
+// drain returns the level of the queue s holds at at, and the instant of
+// its last leak, for a window of w µs: a queue leaks one hit per emission
+// interval. A last leak more than a window ahead of at (a clock stepped
+// back) is void.
+func (r rate) drain(s *State, at inst, w int64) (int64, inst) {
+	level, last := s.Count, r.stored(s.Time, s.Frac)
+	switch {
+	case level <= 0:
+		return 0, at
+	case last.cmp(at) > 0:
+		if r.sub(last, at).cmp(inst{w, 0}) > 0 {
+			return 0, at
+		}
+		return level, last
+	}
+	k := r.fit(r.sub(at, last), level)
+	if level -= k; level == 0 {
+		return 0, at
+	}
+	return level, r.add(last, r.cost(k))
 }
 
 // gcra is the step of [GCRA]. now is in microseconds.
@@ -225,6 +240,17 @@ func gcraOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decision {
 	}
 	tat = later(tat, r.add(at, r.cost(min(out, b))))
 	live := held.live(now)
+	if o.op == opCount {
+		// The TAT moves ahead by the hits' emission time, at most to B + N
+		// emission times ahead of now (a debt of N), which is not void.
+		n := int64(l.Requests)
+		next := r.add(tat, r.cost(int64(min(hits, uint64(b+n)))))
+		if most := r.add(at, r.cost(b+n)); next.cmp(most) > 0 {
+			next = most
+		}
+		*s = State{Time: next.us, Frac: next.f, Log: live}
+		return Decision{}
+	}
 	// reset returns the time until the TAT is behind now for good: a full
 	// bucket, once every lease has ended.
 	reset := func(tat inst, live leases) int64 {

@@ -33,21 +33,25 @@ func Apply(s *State, now time.Time, r *Request) Decision {
 		d.Allowed = true
 		return d
 	case r.Op == OpTake && leasable && !r.Peek && r.Lease.TTL > 0:
-		return take(s, now.UnixMicro(), l, r.Hits, r.Lease)
+		return overcount(s, now, r, take(s, now.UnixMicro(), l, r.Hits, r.Lease))
 	}
-	return Step(s, now, l, r.Hits)
+	return overcount(s, now, r, Step(s, now, l, r.Hits))
 }
 
 // Stores reports whether a backend must store the state that [Apply] left
 // for request r with decision d, once the batch is admitted: an allowed
 // request that is no peek and consumed hits, took a lease or gave hits
-// back to a limit that leases; for a Concurrency limit, one that took,
-// gave back or kept a slot.
+// back to a limit that leases; a refused one that is no peek and was
+// [Counted]; for a Concurrency limit, one that took, gave back or kept a
+// slot.
 func Stores(r *Request, d *Decision) bool {
 	if r.Limit.Algorithm == Concurrency {
 		return d.Allowed && !r.Peek && d.Taken > 0
 	}
-	return d.Allowed && !r.Peek && (r.Hits > 0 || d.Taken > 0) && (r.Op != OpGive || r.Limit.Algorithm.Leasable())
+	if r.Peek {
+		return false
+	}
+	return d.Allowed && (r.Hits > 0 || d.Taken > 0) && (r.Op != OpGive || r.Limit.Algorithm.Leasable()) || Counted(r, d)
 }
 
 // Keep returns how long a backend keeps the state that [Apply] left for

@@ -103,10 +103,7 @@ func slidingWindowLog(s *State, now int64, l Limit, hits uint64) Decision {
 func slidingWindowCounter(s *State, now int64, l Limit, hits uint64) Decision {
 	w := windowMicros(l)
 	n := min(l.Requests, math.MaxInt64)
-	start := now - floorMod(now, w)
-	if s.Time > start && s.Time-start <= w {
-		start = s.Time
-	}
+	start := windowStart(s, now, w)
 	var prev, curr int64
 	switch s.Time {
 	case start:

@@ -24,4 +24,13 @@ do
     end
     return {t = start, c = used + hits}, true, remaining - hits, start + w - now, 0, 0
   end}
+  -- count counts hits into the window running at now, or into one
+  -- starting now (algo's burstFillCount).
+  algorithms.burst_fill.count = function(s, now, l, hits)
+    local start, used = now, 0
+    if s.c > 0 and now < s.t + l.w and s.t - now <= l.w then
+      start, used = s.t, s.c
+    end
+    return {t = start, c = add_count(used, hits)}
+  end
 end

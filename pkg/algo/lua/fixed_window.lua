@@ -28,6 +28,19 @@ do
     end
     return {t = start, c = used + hits}, true, remaining - hits, stop - now, 0, 0
   end}
+  -- count counts hits into the window of now (algo's fixedWindowCount).
+  algorithms.fixed_window.count = function(s, now, l, hits)
+    local w = l.w
+    local start = now - floor_mod(now, w)
+    if s.t > start and s.t - start <= w then
+      start = s.t
+    end
+    local used = 0
+    if s.t == start and s.c > 0 then
+      used = s.c
+    end
+    return {t = start, c = add_count(used, hits)}
+  end
   -- give gives back hits taken in the window starting at mark (algo's
   -- give): it returns next, remaining, reset_us.
   algorithms.fixed_window.windowed = true

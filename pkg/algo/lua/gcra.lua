@@ -14,7 +14,9 @@ do
     return aus, af
   end
 
-  -- op is token_bucket.lua's op for GCRA.
+  -- op is token_bucket.lua's op for GCRA. With o 'c' the TAT moves ahead
+  -- by the emission time of hits that had no room, at most to B + N
+  -- emission times ahead of now (algo's opCount).
   local function op(s, now, l, hits, o, most, share, ttl, mark)
     if l.n == 0 then
       if o == 'g' or hits == 0 then return s, true, 0, 0, 0, 0, 0, 0, 0 end
@@ -47,6 +49,16 @@ do
       tus, tf = later(tus, tf, add(r, now, 0, cu, cf))
     end
     local live = live_leases(h, now)
+    if o == 'c' then
+      local cu, cf = cost(r, min(hits, b + l.n))
+      local nus, nf = add(r, tus, tf, cu, cf)
+      local mus, mf = cost(r, b + l.n)
+      mus, mf = add(r, now, 0, mus, mf)
+      if cmp(nus, nf, mus, mf) > 0 then
+        nus, nf = mus, mf
+      end
+      return {t = nus, f = nf, h = live}
+    end
     -- reset_of returns the time until the TAT is behind now for good.
     local function reset_of(tus, tf, live)
       if live then
@@ -118,5 +130,7 @@ do
 
   algorithms.gcra = {decode = decode, store = store, op = op, step = function(s, now, l, hits)
     return op(s, now, l, hits)
+  end, count = function(s, now, l, hits)
+    return op(s, now, l, hits, 'c')
   end}
 end

@@ -68,6 +68,22 @@ do
     curr = curr + hits
     return {t = start, c = curr, p = prev}, true, remaining - hits, reset(curr), 0, 0
   end}
+  -- count counts hits into the current window (algo's
+  -- slidingWindowCounterCount).
+  algorithms.sliding_window_counter.count = function(s, now, l, hits)
+    local w = l.w
+    local start = now - floor_mod(now, w)
+    if s.t > start and s.t - start <= w then
+      start = s.t
+    end
+    local prev, curr = 0, 0
+    if s.t == start then
+      prev, curr = s.p, s.c
+    elseif s.t == start - w then
+      prev = s.c
+    end
+    return {t = start, c = add_count(curr, hits), p = prev}
+  end
   -- give gives back hits taken in the window starting at mark (algo's
   -- give): they count in that window while it is current, then as the
   -- previous window's. It returns next, remaining, reset_us.

@@ -8,7 +8,9 @@
 --
 -- The loaded state is {key, card, pending}: card live entries in Redis,
 -- pending hits admitted at now by earlier requests of this batch, not yet
--- stored.
+-- stored. A state with hits counted beyond N (count) is marked trim: store
+-- keeps the newest N entries, as algo's slidingWindowLogCount does; the
+-- entries it drops would change no decision.
 do
   -- live_from returns the ZRANGEBYSCORE bounds of the live entries.
   local function live_from(now, w)
@@ -73,7 +75,11 @@ do
       if top == nil or now > top then
         top = now
       end
-      return {key = s.key, card = s.card, pending = s.pending + hits}, true, remaining - hits, top + w - now, 0, 0
+      return {key = s.key, card = s.card, pending = s.pending + hits, trim = s.trim}, true, remaining - hits, top + w - now, 0, 0
+    end,
+
+    count = function(s, now, l, hits)
+      return {key = s.key, card = s.card, pending = s.pending + min(hits, l.n), trim = true}
     end,
 
     store = function(key, s, now, l, ttl_ms)
@@ -89,6 +95,9 @@ do
           args[#args + 1] = at .. ':' .. fmt(logged + i)
         end
         redis.call('ZADD', key, unpack(args))
+      end
+      if s.trim then
+        redis.call('ZREMRANGEBYRANK', key, 0, -l.n - 1)
       end
       redis.call('PEXPIRE', key, fmt(ttl_ms))
     end,
