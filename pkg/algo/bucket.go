@@ -1,10 +1,5 @@
 package algo
 
-// tokenBucket is the step of [TokenBucket]. now is in microseconds.
-func tokenBucket(s *State, now int64, l Limit, hits uint64) Decision {
-	return tokenBucketOp(s, now, l, hits, leaseOp{})
-}
-
 // tokenBucketOp is [tokenBucket], also for a take or a give (o.op).
 //
 // A clock that steps back finds the last refill in its future: the bucket
@@ -69,7 +64,7 @@ func tokenBucketOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decisio
 		return Decision{Allowed: true, Remaining: uint64(max(tokens, 0)), ResetAfter: micros(until(b, tokens, live))}
 	}
 	switch {
-	case hits == 0 && o.op != OpTake:
+	case hits == 0 && o.op != OpTake && !(o.strict && tokens < 0):
 		d.Allowed = true
 		return d
 	case hits > uint64(b):
@@ -148,7 +143,7 @@ func (r rate) until(k, tokens int64, last inst, b int64, live leases, at inst) i
 // A clock that steps back finds the last leak in its future: the queue then
 // does not drain until the clock passes it again, unless the leak lies more
 // than a window ahead, when the state is void.
-func leakyBucket(s *State, now int64, l Limit, hits uint64) Decision {
+func leakyBucket(s *State, now int64, l Limit, hits uint64, strict bool) Decision {
 	if l.Requests == 0 {
 		return refuseAll(hits)
 	}
@@ -162,7 +157,7 @@ func leakyBucket(s *State, now int64, l Limit, hits uint64) Decision {
 		d.ResetAfter = micros(drained(level))
 	}
 	switch {
-	case hits == 0:
+	case hits == 0 && !(strict && level > b):
 		d.Allowed = true
 		return d
 	case hits > uint64(b):
@@ -198,11 +193,6 @@ func (r rate) drain(s *State, at inst, w int64) (int64, inst) {
 		return 0, at
 	}
 	return level, r.add(last, r.cost(k))
-}
-
-// gcra is the step of [GCRA]. now is in microseconds.
-func gcra(s *State, now int64, l Limit, hits uint64) Decision {
-	return gcraOp(s, now, l, hits, leaseOp{})
 }
 
 // gcraOp is [gcra], also for a take or a give (o.op).
@@ -286,7 +276,7 @@ func gcraOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decision {
 		return Decision{Allowed: true, Remaining: remaining(tat), ResetAfter: micros(reset(tat, live))}
 	}
 	switch {
-	case hits == 0 && o.op != OpTake:
+	case hits == 0 && o.op != OpTake && !(o.strict && r.sub(tat, at).cmp(limit) > 0):
 		d.Allowed = true
 		return d
 	case hits > uint64(b):

@@ -18,9 +18,10 @@ import (
 //   - SlidingWindowCounter: the current window's count grows past N, and
 //     weighs on the next window as any count does.
 //   - SlidingWindowLog: the hits are logged at now and the log keeps its
-//     newest N entries: the key refuses until W after now. Entries beyond
-//     N could change no decision (they would all expire with the N-th
-//     newest), so the log stays within N entries.
+//     newest N+1 entries: N that refuse any hit until the oldest of them
+//     expires, and one more that tells a log past its limit from a full
+//     one. Older entries could change no decision, so the log stays
+//     within N+1 entries.
 //   - TokenBucket, GCRA: the bucket goes into debt, at most N hits (one
 //     window's refill): it refuses until it has earned the debt back. In
 //     GCRA, the TAT moves ahead by the hits' emission time, up to B + N
@@ -30,6 +31,11 @@ import (
 //
 // A limit of zero counts nothing: it refuses every hit forever anyway.
 // Counts stay below 2^53 (maxCount), where the Lua twins are exact.
+//
+// A limit holding more than it admits is over: a request that counts and
+// has zero hits (a check before a cost) is refused until it no longer is
+// (stepWith), as envoyproxy/ratelimit refuses zero hits once its count is
+// past the limit. Exactly full is not over.
 
 // maxCount bounds the count of a window: counting more saturates.
 const maxCount = 1<<53 - 1
@@ -129,7 +135,7 @@ func slidingWindowCounterCount(s *State, now int64, l Limit, hits uint64) {
 }
 
 // slidingWindowLogCount logs hits at now among the live entries and keeps
-// the newest N: a new log, leaving the one s held untouched.
+// the newest N+1: a new log, leaving the one s held untouched.
 func slidingWindowLogCount(s *State, now int64, l Limit, hits uint64) {
 	w, n := windowMicros(l), int(l.Requests)
 	log := s.Log
@@ -137,14 +143,14 @@ func slidingWindowLogCount(s *State, now int64, l Limit, hits uint64) {
 	hi := sort.Search(len(log), func(i int) bool { return log[i] > now+w })
 	live := log[lo:hi]
 	at := sort.Search(len(live), func(i int) bool { return live[i] > now })
-	k := int(min(hits, uint64(n)))
+	k := int(min(hits, uint64(n)+1))
 	next := make([]int64, 0, len(live)+k)
 	next = append(next, live[:at]...)
 	for range k {
 		next = append(next, now)
 	}
 	next = append(next, live[at:]...)
-	*s = State{Log: next[max(len(next)-n, 0):]}
+	*s = State{Log: next[max(len(next)-n-1, 0):]}
 }
 
 // leakyBucketCount adds hits to the queue, past B by at most N.

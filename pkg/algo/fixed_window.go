@@ -10,7 +10,7 @@ import "math"
 // holds it shut for long. A stored window further ahead is void, as if the
 // window had passed; freezing a key for as long as the clock stepped back
 // would be worse.
-func fixedWindow(s *State, now int64, l Limit, hits uint64) Decision {
+func fixedWindow(s *State, now int64, l Limit, hits uint64, strict bool) Decision {
 	w := windowMicros(l)
 	start := windowStart(s, now, w)
 	end := start + w
@@ -25,7 +25,7 @@ func fixedWindow(s *State, now int64, l Limit, hits uint64) Decision {
 		remaining = n - used
 	}
 
-	if hits <= remaining {
+	if hits <= remaining && !(strict && used > n) {
 		used += hits
 		d := Decision{Allowed: true, Remaining: remaining - hits}
 		if used > 0 {

@@ -129,7 +129,10 @@ end
 --                                  (from the driver's MGET), or
 --   load(key, now, l) -> state     the state stored under key, read by the
 --                                  algorithm itself (a state that is no string)
---   step(s, now, l, hits) -> next, allowed, remaining, reset_us, retry_us, wait_us
+--   step(s, now, l, hits, strict) -> next, allowed, remaining, reset_us, retry_us, wait_us
+--                                  with strict, zero hits are refused while
+--                                  the limit holds more than it admits
+--                                  (algo's stepWith)
 --   store(key, s, now, l, ttl_ms, prev) saves a state that was admitted;
 --                                  prev is the key's state as it stands
 --   count(s, now, l, hits) -> next the state with the hits of a refused

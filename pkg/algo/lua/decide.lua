@@ -209,13 +209,14 @@ end
 -- apply applies a request of limit l to the state s (algo.Apply): it
 -- returns next, allowed, remaining, reset_us, retry_us, wait_us, taken,
 -- mark, valid_us. A give of an algorithm that never leases changes
--- nothing, and is not stored.
-local function apply(l, s, hits, o, x, y, z)
+-- nothing, and is not stored. strict is set for the zero hits of a
+-- request that counts (algo's stepWith).
+local function apply(l, s, hits, o, x, y, z, strict)
   local alg = l.alg
   if alg.slots then
     return alg.op(s, now, l, hits, o, x)
   elseif o ~= nil and alg.op then
-    return alg.op(s, now, l, hits, o, x, y, z, x)
+    return alg.op(s, now, l, hits, o, x, y, z, x, strict)
   end
   if o == 'g' then
     if alg.give then
@@ -225,7 +226,7 @@ local function apply(l, s, hits, o, x, y, z)
     local _, _, remaining, reset = alg.step(s, now, l, 0)
     return s, true, remaining, reset, 0, 0, 0, 0, 0
   end
-  local next, allowed, remaining, reset, retry, wait = alg.step(s, now, l, hits)
+  local next, allowed, remaining, reset, retry, wait = alg.step(s, now, l, hits, strict)
   if o ~= 't' or not alg.windowed or not allowed then
     return next, allowed, remaining, reset, retry, wait, 0, 0, 0
   end
@@ -258,9 +259,10 @@ local function decide_one(argv, k, a, reply)
   else
     s = load(k, l)
   end
-  local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, s, hits, o, x, y, z)
+  local counts = flag(flags, 4) and (o == nil or o == 't') -- algo's Request.Counting
+  local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, s, hits, o, x, y, z, counts and hits == 0)
   local peek, counted = flag(flags, 2), false
-  if not allowed and flag(flags, 4) then
+  if not allowed and counts then
     local c, cr, cs, ct = overcount(l, s, hits, o)
     if c then
       next, counted, remaining, reset, retry = c, true, cr, cs, ct
@@ -331,9 +333,9 @@ local function decide_batch(argv, k, count, a, reply)
       current[key] = start[key]
     end
     local cur = current[key]
-    local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, cur, hits, op, x, y, z)
-    local peek, counted = flag(flags, 2), false
     local counts = flag(flags, 4) and (op == nil or op == 't') -- algo's Request.Counting
+    local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, cur, hits, op, x, y, z, counts and hits == 0)
+    local peek, counted = flag(flags, 2), false
     if not allowed and counts then
       local c, cr, cs, ct = overcount(l, cur, hits, op)
       if c then
@@ -393,7 +395,7 @@ local function decide_batch(argv, k, count, a, reply)
       if r[10] then
         local key, l, hits, peek = keys[k + i - 1], r[1], r[10][1], r[10][2]
         local s = replay[key] or r[3]
-        local next, allowed, remaining, reset, retry, wait = apply(l, s, hits)
+        local next, allowed, remaining, reset, retry, wait = apply(l, s, hits, nil, nil, nil, nil, hits == 0)
         local counted = false
         if not allowed then
           local c, cr, cs, ct = overcount(l, s, hits)

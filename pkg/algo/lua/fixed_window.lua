@@ -3,7 +3,7 @@
 -- admitted in it. Windows are aligned to the Unix epoch.
 do
   local decode, store = string_state({'t', 'c'}, same_window)
-  algorithms.fixed_window = {decode = decode, store = store, step = function(s, now, l, hits)
+  algorithms.fixed_window = {decode = decode, store = store, step = function(s, now, l, hits, strict)
     local w, n = l.w, l.n
     local start = now - floor_mod(now, w)
     if s.t > start and s.t - start <= w then
@@ -19,11 +19,12 @@ do
     if used > 0 then
       reset = stop - now
     end
-    if hits == 0 then
+    local over = strict and used > n
+    if hits == 0 and not over then
       return s, true, remaining, reset, 0, 0
     elseif hits > n then
       return s, false, remaining, reset, NEVER, 0
-    elseif hits > remaining then
+    elseif hits > remaining or over then
       return s, false, remaining, reset, stop - now, 0
     end
     return {t = start, c = used + hits}, true, remaining - hits, stop - now, 0, 0

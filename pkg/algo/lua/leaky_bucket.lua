@@ -29,7 +29,7 @@ do
     return level, lus, lf
   end
 
-  algorithms.leaky_bucket = {decode = decode, store = store, step = function(s, now, l, hits)
+  algorithms.leaky_bucket = {decode = decode, store = store, step = function(s, now, l, hits, strict)
     if l.n == 0 then
       if hits == 0 then return s, true, 0, 0, 0, 0 end
       return s, false, 0, 0, NEVER, 0
@@ -46,7 +46,7 @@ do
     if level > 0 then
       reset = drained(level)
     end
-    if hits == 0 then
+    if hits == 0 and not (strict and level > b) then
       return s, true, remaining, reset, 0, 0
     elseif hits > b then
       return s, false, remaining, reset, NEVER, 0

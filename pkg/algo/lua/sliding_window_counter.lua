@@ -28,7 +28,7 @@ do
   end
 
   local decode, store = string_state({'t', 'c', 'p'}, same_window)
-  algorithms.sliding_window_counter = {decode = decode, store = store, step = function(s, now, l, hits)
+  algorithms.sliding_window_counter = {decode = decode, store = store, step = function(s, now, l, hits, strict)
     local w, n = l.w, l.n
     local start = now - floor_mod(now, w)
     if s.t > start and s.t - start <= w then
@@ -51,11 +51,12 @@ do
       end
       return 0
     end
-    if hits == 0 then
+    local over = strict and used > n
+    if hits == 0 and not over then
       return s, true, remaining, reset(curr), 0, 0
     elseif hits > n then
       return s, false, remaining, reset(curr), NEVER, 0
-    elseif hits > remaining then
+    elseif hits > remaining or over then
       local room = n - curr - hits
       if room >= 0 then
         local e = fit_weight(prev, room, elapsed, w)

@@ -9,7 +9,7 @@
 -- The loaded state is {key, card, pending}: card live entries in Redis,
 -- pending hits admitted at now by earlier requests of this batch, not yet
 -- stored. A state with hits counted beyond N (count) is marked trim: store
--- keeps the newest N entries, as algo's slidingWindowLogCount does; the
+-- keeps the newest N+1 entries, as algo's slidingWindowLogCount does; the
 -- entries it drops would change no decision.
 do
   -- live_from returns the ZRANGEBYSCORE bounds of the live entries.
@@ -55,7 +55,7 @@ do
       return {key = key, card = redis.call('ZCOUNT', key, lo, hi), pending = 0}
     end,
 
-    step = function(s, now, l, hits)
+    step = function(s, now, l, hits, strict)
       local w, n = l.w, l.n
       local count = s.card + s.pending
       local remaining = n - min(count, n)
@@ -64,11 +64,12 @@ do
       if top then
         reset = top + w - now
       end
-      if hits == 0 then
+      local over = strict and count > n
+      if hits == 0 and not over then
         return s, true, remaining, reset, 0, 0
       elseif hits > n then
         return s, false, remaining, reset, NEVER, 0
-      elseif hits > remaining then
+      elseif hits > remaining or over then
         -- The same hits fit once the oldest count+hits-n entries expired.
         return s, false, remaining, reset, kth(s, now, w, count + hits - n) + w - now, 0
       end
@@ -79,7 +80,7 @@ do
     end,
 
     count = function(s, now, l, hits)
-      return {key = s.key, card = s.card, pending = s.pending + min(hits, l.n), trim = true}
+      return {key = s.key, card = s.card, pending = s.pending + min(hits, l.n + 1), trim = true}
     end,
 
     store = function(key, s, now, l, ttl_ms)
@@ -97,7 +98,7 @@ do
         redis.call('ZADD', key, unpack(args))
       end
       if s.trim then
-        redis.call('ZREMRANGEBYRANK', key, 0, -l.n - 1)
+        redis.call('ZREMRANGEBYRANK', key, 0, -l.n - 2)
       end
       redis.call('PEXPIRE', key, fmt(ttl_ms))
     end,

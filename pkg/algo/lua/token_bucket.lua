@@ -70,7 +70,7 @@ do
   -- mark, valid_us. With o 'c' it counts hits that had no room into a
   -- debt of at most N tokens, and returns the state alone (algo's
   -- opCount).
-  local function op(s, now, l, hits, o, most, share, ttl, mark)
+  local function op(s, now, l, hits, o, most, share, ttl, mark, strict)
     if l.n == 0 then
       if o == 'g' or hits == 0 then return s, true, 0, 0, 0, 0, 0, 0, 0 end
       return s, false, 0, 0, NEVER, 0, 0, 0, 0
@@ -111,7 +111,7 @@ do
       return {t = lus, c = tokens, f = lf, h = live}, true, max(tokens, 0), full(tokens, live), 0, 0, 0, 0, 0
     end
     local remaining = max(tokens, 0) -- tokens < 0: a debt (o 'c')
-    if hits == 0 and o ~= 't' then
+    if hits == 0 and o ~= 't' and not (strict and tokens < 0) then
       return s, true, remaining, reset, 0, 0, 0, 0, 0
     elseif hits > b then
       return s, false, remaining, reset, NEVER, 0, 0, 0, 0
@@ -131,8 +131,8 @@ do
     return {t = lus, c = tokens, f = lf, h = live}, true, tokens, full(tokens, live), 0, 0, taken, lmark, valid
   end
 
-  algorithms.token_bucket = {decode = decode, store = store, op = op, step = function(s, now, l, hits)
-    return op(s, now, l, hits)
+  algorithms.token_bucket = {decode = decode, store = store, op = op, step = function(s, now, l, hits, strict)
+    return op(s, now, l, hits, nil, nil, nil, nil, nil, strict)
   end, count = function(s, now, l, hits)
     return op(s, now, l, hits, 'c')
   end}

@@ -438,7 +438,9 @@ func (e *Engine) reserve(at int64, reqs []algo.Request, plans []plan) []work {
 		en.inflight++
 		p.en = en
 		e.drop(en.expire(at))
-		p.read = !en.known
+		// A check of zero hits that counts asks the store, which refuses
+		// it while the limit is past what it admits (algo's stepWith).
+		p.read = !en.known || r.Hits == 0 && r.Counting()
 		// Hits reserved by earlier requests of the batch are not held.
 		if r.Peek || r.Hits == 0 {
 			avail := en.held()

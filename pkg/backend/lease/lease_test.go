@@ -264,6 +264,11 @@ func TestCountedCostsAreSpent(t *testing.T) {
 	if d := decide(t, e, counted(1))[0]; d.Allowed {
 		t.Fatalf("the request after the cost: %+v, want refused", d)
 	}
+	// A check of zero hits (a request-time check before a cost) is refused
+	// too: the limit is past what it admits.
+	if d := decide(t, e, counted(0))[0]; d.Allowed {
+		t.Fatalf("a zero-hit check after the cost: %+v, want refused", d)
+	}
 }
 
 // TestColdKeyGivesBack lets a warm key go cold: the sweep gives its lease
