@@ -419,6 +419,21 @@ func (c *compat) limits() {
 	if c.bool("QUOTA_MODE", false) {
 		c.flag("quota-mode", "true", "QUOTA_MODE")
 	}
+	// The reference counts every hit of every descriptor it is sent
+	// (src/redis/fixed_cache_impl.go, DoLimit: INCRBY each key whatever the
+	// answer), and Envoy Gateway's rules cannot say otherwise: hits beyond
+	// what remains are counted, unless ratelimitd's own variable says.
+	// With STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT the reference counts
+	// nothing of a call's descriptors that are within their limits when
+	// one is over (getHitsAddend); the descriptors that are over it still
+	// counts, which drop does not (docs/migrating.md).
+	if _, ok := c.lookupEnv(envName("over-limit-hits")); !ok {
+		if c.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false) {
+			c.flag("over-limit-hits", "drop", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
+		} else {
+			c.flag("over-limit-hits", "count", "RATELIMITD_COMPAT")
+		}
+	}
 	if c.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
 		c.flag("response-headers", "ratelimit", "LIMIT_RESPONSE_HEADERS_ENABLED")
 	}

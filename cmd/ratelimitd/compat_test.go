@@ -159,6 +159,37 @@ func TestCompatEnvoyGateway(t *testing.T) {
 	}
 }
 
+// TestCompatOverLimitHits: compatibility mode counts hits beyond what
+// remains, as the reference counts every hit, unless ratelimitd's own
+// RATELIMITD_OVER_LIMIT_HITS says otherwise; the reference's
+// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT drops them.
+func TestCompatOverLimitHits(t *testing.T) {
+	for _, c := range []struct {
+		env  env
+		want string // the flag compatibility mode gives; "" for none
+	}{
+		{env{}, "-over-limit-hits=count"},
+		{env{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "false"}, "-over-limit-hits=count"},
+		{env{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"}, "-over-limit-hits=drop"},
+		{env{"RATELIMITD_OVER_LIMIT_HITS": "drop"}, ""},
+		{env{"RATELIMITD_OVER_LIMIT_HITS": "count", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"}, ""},
+	} {
+		args, _, _, err := compatArgs(c.env.lookup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		for _, a := range args {
+			if strings.HasPrefix(a, "-over-limit-hits=") {
+				got = a
+			}
+		}
+		if got != c.want {
+			t.Errorf("%v: %q, want %q", c.env, got, c.want)
+		}
+	}
+}
+
 // TestCompatXDS: CONFIG_TYPE=GRPC_XDS_SOTW takes the rules from the
 // control plane of the CONFIG_GRPC_XDS_* settings, and no directory.
 func TestCompatXDS(t *testing.T) {

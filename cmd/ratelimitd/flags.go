@@ -59,6 +59,7 @@ type serveConfig struct {
 	region              regionConfig
 	shadowMode          bool
 	quotaMode           bool
+	overLimitHits       string
 	localShare          float64
 	breaker             breaker.Options
 	logLevel            string
@@ -96,6 +97,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.IntVar(&c.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
 	fs.BoolVar(&c.shadowMode, "shadow-mode", false, "answer every request of Envoy's API OK overall, while each descriptor is still decided, counted and reported (envoyproxy/ratelimit's SHADOW_MODE): to try rules in production")
 	fs.BoolVar(&c.quotaMode, "quota-mode", false, "decide every rule as one with quota_mode: true (envoyproxy/ratelimit's QUOTA_MODE)")
+	fs.StringVar(&c.overLimitHits, "over-limit-hits", "drop", "hits beyond what remains, for limits whose rule does not say (rate_limit.over_limit_hits) and limit overrides: drop (refuse and count nothing) or count (count them anyway, as envoyproxy/ratelimit does: for costs reported after the response; the default in compatibility mode)")
 	fs.BoolVar(&c.enableReset, "enable-reset", false, "let ratelimitd.v1.RateLimiter/Reset clear a descriptor's counters, and with -ui the ops console's reset button (an operator's tool; anyone who can reach the gRPC port, or the console, can call it)")
 	fs.BoolVar(&c.ui, "ui", false, "serve the ops console at /ui on the HTTP listener: rules, live decisions, top limited keys (descriptor values of every caller), backend state, explain (docs/console.md); put the listener behind TLS and auth first")
 	fs.BoolVar(&c.tracing, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
@@ -233,6 +235,9 @@ func (c *serveConfig) validate() error {
 	}
 	if _, err := config.ParseFailureMode(c.failureMode); err != nil {
 		return fmt.Errorf("invalid %s %q; accepted: open, closed, error, local", c.source("failure-mode"), c.failureMode)
+	}
+	if _, err := config.ParseOverLimitHits(c.overLimitHits); err != nil {
+		return fmt.Errorf("invalid %s %q; accepted: drop, count", c.source("over-limit-hits"), c.overLimitHits)
 	}
 	if !(c.nearLimitRatio > 0 && c.nearLimitRatio <= 1) {
 		return fmt.Errorf("invalid %s %v; it must be above 0 and at most 1", c.source("near-limit-ratio"), c.nearLimitRatio)

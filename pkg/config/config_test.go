@@ -669,6 +669,48 @@ descriptors:
 	}
 }
 
+// TestOverLimitHits reads rate_limit.over_limit_hits: the server's default
+// when absent, drop or count per limit, per entry of rate_limits.
+func TestOverLimitHits(t *testing.T) {
+	r := parse(t, `
+domain: ai
+descriptors:
+  - key: plain
+    rate_limit: {requests_per_unit: 10, unit: second}
+  - key: tokens
+    rate_limit: {requests_per_unit: 1000, unit: minute, over_limit_hits: count}
+  - key: requests
+    rate_limit: {requests_per_unit: 10, unit: second, over_limit_hits: drop}
+  - key: both
+    rate_limits:
+      - {requests_per_unit: 10, unit: second, algorithm: token_bucket, over_limit_hits: count}
+      - {requests_per_unit: 100, unit: minute}
+`)
+	want := map[string][]OverLimitHits{
+		"plain":    {OverLimitDefault},
+		"tokens":   {OverLimitCount},
+		"requests": {OverLimitDrop},
+		"both":     {OverLimitCount, OverLimitDefault},
+	}
+	for k, os := range want {
+		rule := r.Domain("ai").Match(&entries{{k, "v"}})
+		if rule == nil {
+			t.Fatalf("%s: no rule", k)
+		}
+		for i, o := range os {
+			if got := rule.Limits[i].OverLimitHits; got != o {
+				t.Errorf("%s: limit %d is %v, want %v", k, i, got, o)
+			}
+		}
+	}
+	if got := OverLimitDefault.Or(OverLimitCount); got != OverLimitCount {
+		t.Errorf("the default or count = %v", got)
+	}
+	if got := OverLimitDrop.Or(OverLimitCount); got != OverLimitDrop {
+		t.Errorf("drop or count = %v", got)
+	}
+}
+
 // TestScope reads rate_limit.scope and on_partition: region by default,
 // global with share on a partition unless it says exact-local, per entry
 // of rate_limits, and global with consistency: leased.

@@ -27,8 +27,8 @@ const (
 	domainFields     = "domain, descriptors, failure_mode, name"
 	descriptorFields = "key, value, rate_limit, rate_limits, concurrency, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
 		"share_threshold, quota_mode, metadata"
-	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency, scope, on_partition"
-	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency, scope, on_partition"
+	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency, scope, on_partition, over_limit_hits"
+	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency, scope, on_partition, over_limit_hits"
 	replacesFields   = "name"
 )
 
@@ -293,6 +293,7 @@ type limitBlock struct {
 	node                                           *yaml.Node
 	field                                          string
 	rpu, unit, mult, alg, burst, cons, scope, part *yaml.Node
+	over                                           *yaml.Node
 	lim                                            Limit
 	ok                                             bool // every field given is well-formed
 	listed                                         bool // an entry of rate_limits
@@ -340,6 +341,9 @@ func (p *parser) limitField(b *limitBlock, f mappingField, sub string) bool {
 	case "on_partition":
 		b.part = f.val
 		b.lim.OnPartition, good = keyword(p, f.val, sub, ParsePartition)
+	case "over_limit_hits":
+		b.over = f.val
+		b.lim.OverLimitHits, good = keyword(p, f.val, sub, ParseOverLimitHits)
 	default:
 		return false
 	}

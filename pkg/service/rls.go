@@ -58,6 +58,9 @@ type scratch struct {
 	keys      []byte
 	keyEnds   []int // keyEnds[i] is the end of reqs[i].Key in keys
 	quotaMode bool  // every rule is in quota mode (Options.QuotaMode)
+	// overLimit is what becomes of hits beyond what remains for limits
+	// that do not say, and for limit overrides (Options.OverLimitHits).
+	overLimit config.OverLimitHits
 	// With reference set (Options.ReferenceKeys), refKeys holds the
 	// reference-layout keys of the requests that have one: refSpans[i]
 	// is where reqs[i].RefKey lies in refKeys, {0, 0} for none.
@@ -83,7 +86,9 @@ func (d *rlsDescriptor) Entry(i int) (string, string) {
 // one atomic batch, each limit of a rule with several limits as a request
 // of its own: either all non-shadow descriptors are within all their
 // limits and all of them are counted, or the answer is OVER_LIMIT and
-// nothing is counted.
+// nothing is counted, but for the limits whose hits count whatever the
+// answer (over_limit_hits: count, see [Options.OverLimitHits]): those are
+// counted either way, past what remains when they are over.
 //
 // With a [HeaderStyle] other than HeadersNone, the response asks Envoy to
 // add rate-limit headers (response_headers_to_add) describing the most
@@ -246,6 +251,7 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 		end := len(sc.keys)
 		if c.override != nil {
 			sc.add(overrideLimit(c.override), h, false, false, algo.NotGlobal)
+			sc.reqs[c.req].Count = sc.overLimit == config.OverLimitCount
 			c.n = 1
 			if sc.reference && referenceOverride(c.override) {
 				sc.setReference(c.req, req.Domain, d, nil)
@@ -263,6 +269,7 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 			}
 			l := &c.rule.Limits[j]
 			sc.add(ruleLimit(l), h, c.rule.ShadowMode || c.quota, l.Consistency == config.Leased, globalOf(l))
+			sc.reqs[len(sc.reqs)-1].Count = l.OverLimitHits.Or(sc.overLimit) == config.OverLimitCount
 		}
 		c.n = len(c.rule.Limits)
 		if sc.reference && ReferenceRule(c.rule) {
@@ -533,6 +540,7 @@ func (s *Service) getScratch(n int) *scratch {
 	sc.keys = sc.keys[:0]
 	sc.keyEnds = sc.keyEnds[:0]
 	sc.quotaMode = s.quotaMode
+	sc.overLimit = s.overLimit
 	sc.reference = s.referenceKeys
 	sc.refKeys = sc.refKeys[:0]
 	sc.refSpans = sc.refSpans[:0]

@@ -77,6 +77,12 @@ type Options struct {
 	// QuotaMode decides every rule as one with quota_mode: true
 	// (envoyproxy/ratelimit's QUOTA_MODE).
 	QuotaMode bool
+	// OverLimitHits is what becomes of hits beyond what remains for the
+	// limits whose rule does not say (rate_limit.over_limit_hits) and for
+	// limit overrides: drop (the default) refuses them and counts nothing;
+	// count counts them anyway and still answers OVER_LIMIT, and counts a
+	// request refused by another descriptor, as envoyproxy/ratelimit does.
+	OverLimitHits config.OverLimitHits
 	// ReferenceKeys gives every limit envoyproxy/ratelimit could hold
 	// too (a rule's single fixed window of one unit, exact, or a limit
 	// override of one unit) its key in that implementation's layout as
@@ -118,6 +124,7 @@ type Service struct {
 	global         algo.GlobalReader
 	shadowMode     bool
 	quotaMode      bool
+	overLimit      config.OverLimitHits
 	referenceKeys  bool
 }
 
@@ -153,6 +160,9 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 	if !(opts.NearLimitRatio > 0 && opts.NearLimitRatio <= 1) {
 		return nil, fmt.Errorf("service: near-limit ratio %v is not in (0, 1]", opts.NearLimitRatio)
 	}
+	if opts.OverLimitHits > config.OverLimitCount {
+		return nil, fmt.Errorf("service: unknown over_limit_hits %d", opts.OverLimitHits)
+	}
 	if opts.ResponseHeaders > HeadersStructured {
 		return nil, fmt.Errorf("service: unknown response header style %d", opts.ResponseHeaders)
 	}
@@ -175,6 +185,7 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		global:         opts.Global,
 		shadowMode:     opts.ShadowMode,
 		quotaMode:      opts.QuotaMode,
+		overLimit:      opts.OverLimitHits.Or(config.OverLimitDrop),
 		referenceKeys:  opts.ReferenceKeys,
 	}
 	s.reporter, _ = opts.Observer.(ReportObserver)
