@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
 // A reference fixture (testdata/reference/*.json) is a scenario and
@@ -193,27 +194,14 @@ func normalized(t *testing.T, resp *rlsv3.RateLimitResponse) map[string]any {
 	return m
 }
 
-// unitLength is how long a unit's window lasts, as envoyproxy/ratelimit
-// reckons it (a month is 30 days, a year 365).
+// unitLength is how long a unit's window lasts, as rule files count it
+// (a month is 30 days, a year 365, as in envoyproxy/ratelimit).
 func unitLength(u rlsv3.RateLimitResponse_RateLimit_Unit) time.Duration {
-	const day = 24 * time.Hour
-	switch u {
-	case rlsv3.RateLimitResponse_RateLimit_SECOND:
-		return time.Second
-	case rlsv3.RateLimitResponse_RateLimit_MINUTE:
-		return time.Minute
-	case rlsv3.RateLimitResponse_RateLimit_HOUR:
-		return time.Hour
-	case rlsv3.RateLimitResponse_RateLimit_DAY:
-		return day
-	case rlsv3.RateLimitResponse_RateLimit_WEEK:
-		return 7 * day
-	case rlsv3.RateLimitResponse_RateLimit_MONTH:
-		return 30 * day
-	case rlsv3.RateLimitResponse_RateLimit_YEAR:
-		return 365 * day
+	unit, err := config.ParseUnit(u.String())
+	if err != nil {
+		return 0
 	}
-	return 0
+	return unit.Duration()
 }
 
 // TestReferenceCosts replays issue 27's token costs against ratelimitd in

@@ -122,15 +122,7 @@ func burstFillCount(s *State, now int64, l Limit, hits uint64) {
 
 // slidingWindowCounterCount counts hits into the current window.
 func slidingWindowCounterCount(s *State, now int64, l Limit, hits uint64) {
-	w := windowMicros(l)
-	start := windowStart(s, now, w)
-	var prev, curr int64
-	switch s.Time {
-	case start:
-		prev, curr = s.Prev, s.Count
-	case start - w:
-		prev = s.Count
-	}
+	start, prev, curr := counterWindow(s, now, windowMicros(l))
 	*s = State{Time: start, Count: addCount(curr, hits), Prev: prev}
 }
 

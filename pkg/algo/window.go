@@ -105,14 +105,7 @@ func slidingWindowLog(s *State, now int64, l Limit, hits uint64, strict bool) De
 func slidingWindowCounter(s *State, now int64, l Limit, hits uint64, strict bool) Decision {
 	w := windowMicros(l)
 	n := min(l.Requests, math.MaxInt64)
-	start := windowStart(s, now, w)
-	var prev, curr int64
-	switch s.Time {
-	case start:
-		prev, curr = s.Prev, s.Count
-	case start - w:
-		prev = s.Count
-	}
+	start, prev, curr := counterWindow(s, now, w)
 	elapsed := max(now-start, 0)
 	used := uint64(weighted(prev, elapsed, w) + curr)
 	remaining := n - min(used, n)
@@ -150,6 +143,20 @@ func slidingWindowCounter(s *State, now int64, l Limit, hits uint64, strict bool
 	curr += int64(hits)
 	*s = State{Time: start, Count: curr, Prev: prev}
 	return Decision{Allowed: true, Remaining: remaining - hits, ResetAfter: micros(reset(curr))}
+}
+
+// counterWindow returns the start of the window of w µs a sliding window
+// counter counts now in (see windowStart), the previous window's count
+// and the current one's.
+func counterWindow(s *State, now, w int64) (start, prev, curr int64) {
+	start = windowStart(s, now, w)
+	switch s.Time {
+	case start:
+		return start, s.Prev, s.Count
+	case start - w:
+		return start, s.Count, 0
+	}
+	return start, 0, 0
 }
 
 // weighted returns ceil(prev × (w−elapsed) / w), the previous window's

@@ -206,12 +206,12 @@ local function stores(l, o, hits, taken, allowed, peek)
   return (hits > 0 or taken > 0) and not (o == 'g' and not leases(l))
 end
 
--- apply applies a request of limit l to the state s (algo.Apply): it
--- returns next, allowed, remaining, reset_us, retry_us, wait_us, taken,
--- mark, valid_us. A give of an algorithm that never leases changes
--- nothing, and is not stored. strict is set for the zero hits of a
+-- apply_op applies a request of limit l to the state s (algo.Apply but
+-- for counting): it returns next, allowed, remaining, reset_us, retry_us,
+-- wait_us, taken, mark, valid_us. A give of an algorithm that never leases
+-- changes nothing, and is not stored. strict is set for the zero hits of a
 -- request that counts (algo's stepWith).
-local function apply(l, s, hits, o, x, y, z, strict)
+local function apply_op(l, s, hits, o, x, y, z, strict)
   local alg = l.alg
   if alg.slots then
     return alg.op(s, now, l, hits, o, x)
@@ -239,6 +239,21 @@ local function apply(l, s, hits, o, x, y, z, strict)
   return next, allowed, remaining, reset, retry, wait, taken, mark, valid
 end
 
+-- apply applies a request of limit l to the state s (algo.Apply): as
+-- apply_op, and for a request that counts (counts, algo's
+-- Request.Counting) and is refused, with its hits counted all the same.
+-- It returns apply_op's values, then whether it counted refused hits.
+local function apply(l, s, hits, o, x, y, z, counts)
+  local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply_op(l, s, hits, o, x, y, z, counts and hits == 0)
+  if not allowed and counts then
+    local c, cr, cs, ct = overcount(l, s, hits, o)
+    if c then
+      return c, false, cr, cs, ct, wait, taken, mark, valid, true
+    end
+  end
+  return next, allowed, remaining, reset, retry, wait, taken, mark, valid, false
+end
+
 -- decide_one decides a batch of one request, KEYS[k] with its arguments at
 -- ARGV[a], appending its reply to reply; it returns an error message or
 -- nil. It is decide_batch for count 1, without the tables.
@@ -260,14 +275,8 @@ local function decide_one(argv, k, a, reply)
     s = load(k, l)
   end
   local counts = flag(flags, 4) and (o == nil or o == 't') -- algo's Request.Counting
-  local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, s, hits, o, x, y, z, counts and hits == 0)
-  local peek, counted = flag(flags, 2), false
-  if not allowed and counts then
-    local c, cr, cs, ct = overcount(l, s, hits, o)
-    if c then
-      next, counted, remaining, reset, retry = c, true, cr, cs, ct
-    end
-  end
+  local next, allowed, remaining, reset, retry, wait, taken, mark, valid, counted = apply(l, s, hits, o, x, y, z, counts)
+  local peek = flag(flags, 2)
   local n = #reply
   if counted and not peek or stores(l, o, hits, taken, allowed, peek) then
     if plain then
@@ -334,14 +343,8 @@ local function decide_batch(argv, k, count, a, reply)
     end
     local cur = current[key]
     local counts = flag(flags, 4) and (op == nil or op == 't') -- algo's Request.Counting
-    local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, cur, hits, op, x, y, z, counts and hits == 0)
-    local peek, counted = flag(flags, 2), false
-    if not allowed and counts then
-      local c, cr, cs, ct = overcount(l, cur, hits, op)
-      if c then
-        next, counted, remaining, reset, retry = c, true, cr, cs, ct
-      end
-    end
+    local next, allowed, remaining, reset, retry, wait, taken, mark, valid, counted = apply(l, cur, hits, op, x, y, z, counts)
+    local peek = flag(flags, 2)
     now = call_now
     local r = {l, counted and not peek or stores(l, op, hits, taken, allowed, peek), start[key], nil, reset, taken, mark, valid, plain,
       counts and {hits, peek}}
@@ -395,14 +398,7 @@ local function decide_batch(argv, k, count, a, reply)
       if r[10] then
         local key, l, hits, peek = keys[k + i - 1], r[1], r[10][1], r[10][2]
         local s = replay[key] or r[3]
-        local next, allowed, remaining, reset, retry, wait = apply(l, s, hits, nil, nil, nil, nil, hits == 0)
-        local counted = false
-        if not allowed then
-          local c, cr, cs, ct = overcount(l, s, hits)
-          if c then
-            next, counted, remaining, reset, retry = c, true, cr, cs, ct
-          end
-        end
+        local next, allowed, remaining, reset, retry, wait, _, _, _, counted = apply(l, s, hits, nil, nil, nil, nil, true)
         if allowed or counted then
           replay[key] = next
           if counted and not peek or stores(l, nil, hits, 0, allowed, peek) then
