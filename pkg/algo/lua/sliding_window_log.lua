@@ -98,7 +98,15 @@ do
         redis.call('ZADD', key, unpack(args))
       end
       if s.trim then
-        redis.call('ZREMRANGEBYRANK', key, 0, -l.n - 2)
+        -- The oldest entries beyond the newest N+1 (ZREM of named members:
+        -- the documented ACL has no ZREMRANGEBYRANK). Ties order by
+        -- member, as a rank would.
+        local excess = redis.call('ZCOUNT', key, '-inf', '+inf') - l.n - 1
+        while excess > 0 do
+          local old = redis.call('ZRANGEBYSCORE', key, '-inf', '+inf', 'LIMIT', 0, min(excess, 1000))
+          redis.call('ZREM', key, unpack(old))
+          excess = excess - #old
+        end
       end
       redis.call('PEXPIRE', key, fmt(ttl_ms))
     end,
