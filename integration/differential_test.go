@@ -14,6 +14,8 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
@@ -216,5 +218,47 @@ func TestReferenceCosts(t *testing.T) {
 	f := loadFixture(t, "costs.json")
 	replay(t, f, func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
 		sameAnswer(t, i, st, resp, err)
+	})
+}
+
+// TestReferenceRedisDown kills the Redis of ratelimitd in compatibility
+// mode, as testdata/reference/redis-down.json killed the reference's: the
+// reference answers each call it cannot decide with a gRPC error (Unknown,
+// "response returned from Conn: EOF"), so that Envoy's failure_mode_deny
+// decides, and so does ratelimitd, by default in compatibility mode
+// (-failure-mode error; its code is Unavailable: Envoy treats every error
+// alike, see Filter::complete in Envoy's
+// source/extensions/filters/http/ratelimit/ratelimit.cc). A domain without
+// rules is answered without Redis by both. With
+// RATELIMITD_FAILURE_MODE=open, the operator's choice, the calls are
+// admitted instead.
+func TestReferenceRedisDown(t *testing.T) {
+	t.Parallel()
+	f := loadFixture(t, "redis-down.json")
+	t.Run("as the reference", func(t *testing.T) {
+		t.Parallel()
+		replay(t, f, func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+			if st.Error == nil {
+				sameAnswer(t, i, st, resp, err)
+				return
+			}
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("step %d (%s): %v, %v; the reference answered the error %s %q, want Unavailable", i, st.Note, resp, err, st.Error.Code, st.Error.Message)
+			}
+		})
+	})
+	t.Run("RATELIMITD_FAILURE_MODE=open", func(t *testing.T) {
+		t.Parallel()
+		open := f
+		open.Env = map[string]string{"RATELIMITD_FAILURE_MODE": "open"}
+		replay(t, open, func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+			if st.Error == nil {
+				sameAnswer(t, i, st, resp, err)
+				return
+			}
+			if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+				t.Errorf("step %d (%s): %v, %v; want OK, as failure mode open says", i, st.Note, resp, err)
+			}
+		})
 	})
 }

@@ -329,6 +329,14 @@ func (c *compat) backend() {
 		return
 	}
 	c.flag("backend", "redis", "BACKEND_TYPE")
+	// A call the reference cannot decide for want of Redis is answered
+	// with a gRPC error (src/service/ratelimit.go, ShouldRateLimit: the
+	// cache's RedisError panic is recovered into the call's error), so
+	// Envoy's failure_mode_deny decides, not the rate-limit service: as
+	// -failure-mode error does, unless ratelimitd's own variable says.
+	if _, ok := c.lookupEnv(envName("failure-mode")); !ok {
+		c.flag("failure-mode", "error", "RATELIMITD_COMPAT")
+	}
 	if c.bool("REDIS_PERSECOND", false) {
 		c.refuse("REDIS_PERSECOND=true: ratelimitd keeps every counter in one Redis; per-second counts kept in REDIS_PERSECOND_URL by the reference would not be shared")
 	}

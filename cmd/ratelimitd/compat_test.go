@@ -190,6 +190,42 @@ func TestCompatOverLimitHits(t *testing.T) {
 	}
 }
 
+// TestCompatFailureMode: compatibility mode answers a call it cannot
+// decide with an error, as the reference does, unless ratelimitd's own
+// RATELIMITD_FAILURE_MODE says otherwise.
+func TestCompatFailureMode(t *testing.T) {
+	for _, c := range []struct {
+		env  env
+		want string
+	}{
+		{env{}, "-failure-mode=error"},
+		{env{"RATELIMITD_FAILURE_MODE": "open"}, ""},
+		{env{"RATELIMITD_FAILURE_MODE": "local"}, ""},
+	} {
+		args, _, from, err := compatArgs(c.env.lookup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		for _, a := range args {
+			if strings.HasPrefix(a, "-failure-mode=") {
+				got = a
+			}
+		}
+		if got != c.want || got != "" && from["failure-mode"] != "RATELIMITD_COMPAT" {
+			t.Errorf("%v: %q from %q, want %q", c.env, got, from["failure-mode"], c.want)
+		}
+	}
+	// In serve, RATELIMITD_FAILURE_MODE then applies as to any flag the
+	// reference's settings do not give.
+	p := startServeEnv(t, env{"RATELIMITD_COMPAT": "envoyproxy", "RATELIMITD_FAILURE_MODE": "bogus",
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "127.0.0.1:1", "RUNTIME_ROOT": t.TempDir(),
+		"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": "0", "USE_STATSD": "false"}, false)
+	if code := p.stop(t); code != exitUsage {
+		t.Errorf("RATELIMITD_FAILURE_MODE=bogus in compatibility mode: exit %d, want %d (the variable read and refused)", code, exitUsage)
+	}
+}
+
 // TestCompatXDS: CONFIG_TYPE=GRPC_XDS_SOTW takes the rules from the
 // control plane of the CONFIG_GRPC_XDS_* settings, and no directory.
 func TestCompatXDS(t *testing.T) {
