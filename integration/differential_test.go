@@ -157,8 +157,9 @@ func normalized(t *testing.T, resp *rlsv3.RateLimitResponse) map[string]any {
 			unit := unitLength(l.Unit)
 			longest = max(longest, unit)
 			// 0 is ratelimitd's answer for a limit with nothing counted
-			// (everything remains), a documented difference.
-			untouched := s.Code == rlsv3.RateLimitResponse_OK && s.LimitRemaining == l.RequestsPerUnit
+			// (everything remains, or a limit of 0, which counts
+			// nothing), a documented difference.
+			untouched := s.Code == rlsv3.RateLimitResponse_OK && s.LimitRemaining == l.RequestsPerUnit || l.RequestsPerUnit == 0
 			if d := s.DurationUntilReset.AsDuration(); d < 0 || d > unit || d == 0 && !untouched {
 				t.Errorf("duration_until_reset %v is not within the %v unit of %v", d, unit, l)
 			}
@@ -260,5 +261,18 @@ func TestReferenceRedisDown(t *testing.T) {
 				t.Errorf("step %d (%s): %v, %v; want OK, as failure mode open says", i, st.Note, resp, err)
 			}
 		})
+	})
+}
+
+// TestReferenceQuotaMode replays testdata/reference/quota-mode.json:
+// under QUOTA_MODE=true every descriptor but an unlimited one is a quota
+// descriptor, one that matched no rule or a replaced rule, and a shadow
+// one over its limit, passing; a request is refused only when a
+// non-quota descriptor is over, or every quota descriptor is. Case by
+// case, the answers are the reference's.
+func TestReferenceQuotaMode(t *testing.T) {
+	t.Parallel()
+	replay(t, loadFixture(t, "quota-mode.json"), func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+		sameAnswer(t, i, st, resp, err)
 	})
 }

@@ -182,22 +182,32 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 }
 
 // quotaRefuses reports whether the quota descriptors of a decided request
-// refuse it, as envoyproxy/ratelimit's quota mode does: when there is at
-// least one, and every one of them is over its limit. (Quota rules in
-// shadow mode never refuse, and do not count.)
+// refuse it, as envoyproxy/ratelimit's quota mode does
+// (src/service/ratelimit.go, shouldRateLimitWorker): when there is at
+// least one, and every one of them is over its limit. A quota descriptor
+// is one whose rule has quota_mode and, with the service's QuotaMode,
+// every descriptor but those of unlimited rules: one that matched no rule
+// or a replaced rule is a quota descriptor within its limit, and so is a
+// shadow one, whose status is OK even when over.
 func quotaRefuses(sc *scratch) bool {
 	quotas, over := 0, 0
 	for i := range sc.checks {
 		c := &sc.checks[i]
-		if c.kind != counted || !c.quota || c.n == 0 || c.rule != nil && c.rule.ShadowMode {
-			continue
-		}
-		quotas++
-		for _, d := range sc.decisions[c.req : c.req+c.n] {
-			if !d.Allowed {
-				over++
+		switch {
+		case c.kind == unlimited:
+		case c.kind == counted && c.quota:
+			quotas++
+			if c.rule != nil && c.rule.ShadowMode {
 				break
 			}
+			for _, d := range sc.decisions[c.req : c.req+c.n] {
+				if !d.Allowed {
+					over++
+					break
+				}
+			}
+		case sc.quotaMode:
+			quotas++
 		}
 	}
 	return quotas > 0 && over == quotas
@@ -250,7 +260,10 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 		sc.keys = appendDescriptor(sc.keys, req.Domain, d, c.rule)
 		end := len(sc.keys)
 		if c.override != nil {
-			sc.add(overrideLimit(c.override), h, false, false, algo.NotGlobal)
+			// With the service's QuotaMode an override is a quota limit too,
+			// as envoyproxy/ratelimit's global QUOTA_MODE makes every limit.
+			c.quota = sc.quotaMode
+			sc.add(overrideLimit(c.override), h, c.quota, false, algo.NotGlobal)
 			sc.reqs[c.req].Count = sc.overLimit == config.OverLimitCount
 			c.n = 1
 			if sc.reference && referenceOverride(c.override) {

@@ -74,8 +74,10 @@ type Options struct {
 	// counted and reported (OVER_LIMIT included) as usual; only the
 	// overall code never refuses.
 	ShadowMode bool
-	// QuotaMode decides every rule as one with quota_mode: true
-	// (envoyproxy/ratelimit's QUOTA_MODE).
+	// QuotaMode decides every descriptor but unlimited ones as a quota
+	// descriptor (envoyproxy/ratelimit's QUOTA_MODE): those of rules, as if
+	// each had quota_mode: true, limit overrides, and those that matched
+	// no rule or a replaced rule, which are within their limit.
 	QuotaMode bool
 	// OverLimitHits is what becomes of hits beyond what remains for the
 	// limits whose rule does not say (rate_limit.over_limit_hits) and for
