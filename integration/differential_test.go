@@ -276,3 +276,35 @@ func TestReferenceQuotaMode(t *testing.T) {
 		sameAnswer(t, i, st, resp, err)
 	})
 }
+
+// TestReferenceHeaders replays testdata/reference/headers.json: with
+// LIMIT_RESPONSE_HEADERS_ENABLED=true and the header names of
+// LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER, the
+// headers describe the descriptor the reference picks (the least
+// remaining, a shadow one included; an over one first), under those
+// names. ratelimitd adds Retry-After to OVER_LIMIT answers, a documented
+// addition: it is checked and taken out before the comparison.
+func TestReferenceHeaders(t *testing.T) {
+	t.Parallel()
+	replay(t, loadFixture(t, "headers.json"), func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+		if resp != nil {
+			kept := resp.ResponseHeadersToAdd[:0]
+			retry := false
+			for _, h := range resp.ResponseHeadersToAdd {
+				if h.Key == "Retry-After" {
+					retry = true
+					continue
+				}
+				kept = append(kept, h)
+			}
+			if retry != (resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT) {
+				t.Errorf("step %d (%s): Retry-After %v in a %v answer", i, st.Note, retry, resp.OverallCode)
+			}
+			if len(kept) == 0 {
+				kept = nil
+			}
+			resp.ResponseHeadersToAdd = kept
+		}
+		sameAnswer(t, i, st, resp, err)
+	})
+}

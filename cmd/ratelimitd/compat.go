@@ -1,6 +1,8 @@
 package main
 
 import (
+	"cmp"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // Compatibility mode: ratelimitd configured by envoyproxy/ratelimit's
@@ -66,9 +70,6 @@ var ignoredSettings = map[string]string{
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR":                  "a call waits for a pooled connection up to -redis-read-timeout",
 	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":          "the server's certificate is always verified",
 	"RESPONSE_DYNAMIC_METADATA":                     "not supported",
-	"LIMIT_LIMIT_HEADER":                            "headers use the standard names (RateLimit-Limit)",
-	"LIMIT_REMAINING_HEADER":                        "headers use the standard names (RateLimit-Remaining)",
-	"LIMIT_RESET_HEADER":                            "headers use the standard names (RateLimit-Reset)",
 	"USE_DOG_STATSD_MOGRIFIERS":                     "not supported",
 	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":      "not supported",
 	"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES":              "gRPC's default limit of 4 MiB per message applies",
@@ -90,9 +91,6 @@ var ignoredDefaults = map[string]string{
 	"REDIS_CLUSTER_PIPELINE_PARALLELISM":            "1",
 	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":          "false",
 	"RESPONSE_DYNAMIC_METADATA":                     "false",
-	"LIMIT_LIMIT_HEADER":                            "RateLimit-Limit",
-	"LIMIT_REMAINING_HEADER":                        "RateLimit-Remaining",
-	"LIMIT_RESET_HEADER":                            "RateLimit-Reset",
 	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":      "false",
 	"XDS_CLIENT_BACKOFF_RANDOM_FACTOR":              "0.5",
 	"XDS_CLIENT_BACKOFF_JITTER":                     "true",
@@ -443,7 +441,15 @@ func (c *compat) limits() {
 		}
 	}
 	if c.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
-		c.flag("response-headers", "ratelimit", "LIMIT_RESPONSE_HEADERS_ENABLED")
+		// The reference's headers, for the descriptor it picks, under
+		// the names it is given (src/service/ratelimit.go).
+		c.flag("response-headers", "reference", "LIMIT_RESPONSE_HEADERS_ENABLED")
+		names := []string{c.get("LIMIT_LIMIT_HEADER", "RateLimit-Limit"), c.get("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"), c.get("LIMIT_RESET_HEADER", "RateLimit-Reset")}
+		if err := (service.HeaderNames{Limit: names[0], Remaining: names[1], Reset: names[2]}).Check(); err != nil || strings.Contains(strings.Join(names, ""), ",") {
+			c.refuse("LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER: %v", cmp.Or(err, errors.New("a name holds a comma")))
+		} else {
+			c.flag("response-header-names", strings.Join(names, ","), "LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER")
+		}
 	}
 }
 

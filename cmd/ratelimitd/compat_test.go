@@ -226,6 +226,32 @@ func TestCompatFailureMode(t *testing.T) {
 	}
 }
 
+// TestCompatResponseHeaders: LIMIT_RESPONSE_HEADERS_ENABLED gives the
+// reference's headers, under the names of LIMIT_LIMIT_HEADER,
+// LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER; a name that is no HTTP
+// header name stops the start.
+func TestCompatResponseHeaders(t *testing.T) {
+	args, ignored, _, err := compatArgs(env{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-Left"}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"-response-headers=reference", "-response-header-names=RateLimit-Limit,X-Left,RateLimit-Reset"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args lack %s: %q", want, args)
+		}
+	}
+	if len(ignored) != 1 { // RUNTIME_IGNOREDOTFILES, as by default
+		t.Errorf("ignored %q", ignored)
+	}
+	_, _, _, err = compatArgs(env{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_RESET_HEADER": "Reset In"}.lookup)
+	if err == nil || !strings.Contains(err.Error(), `"Reset In" is not an HTTP header name`) {
+		t.Errorf("a header name with a space: %v", err)
+	}
+	if args, _, _, _ := compatArgs(env{"LIMIT_REMAINING_HEADER": "X-Left"}.lookup); slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "-response-header") }) {
+		t.Errorf("names without LIMIT_RESPONSE_HEADERS_ENABLED: %q", args)
+	}
+}
+
 // TestCompatXDS: CONFIG_TYPE=GRPC_XDS_SOTW takes the rules from the
 // control plane of the CONFIG_GRPC_XDS_* settings, and no directory.
 func TestCompatXDS(t *testing.T) {

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,6 +54,8 @@ type serveConfig struct {
 	watchConfig         bool
 	tracing             bool
 	responseHeaders     service.HeaderStyle
+	responseHeaderNames string
+	headerNames         service.HeaderNames
 	nearLimitRatio      float64
 	maxDetailedSeries   int
 	enableReset         bool
@@ -92,7 +97,8 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.config, "config", "config", "rule `path`: a YAML rule file, or a directory of *.yaml and *.yml rule files")
 	configReadingFlags(fs, &c.configOpts)
 	redisStartupFlags(fs, &c.redisStartup)
-	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*) or structured (RateLimit-Policy and RateLimit); Retry-After when over the limit")
+	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*), structured (RateLimit-Policy and RateLimit) or reference (RateLimit-*, for the descriptor envoyproxy/ratelimit picks); Retry-After when over the limit")
+	fs.StringVar(&c.responseHeaderNames, "response-header-names", "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset", "`names` of the limit, remaining and reset headers of -response-headers ratelimit and reference, comma-separated (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER)")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", service.DefaultNearLimitRatio, "share of a limit past which an admitted descriptor counts as near_limit in the metrics")
 	fs.IntVar(&c.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
 	fs.BoolVar(&c.shadowMode, "shadow-mode", false, "answer every request of Envoy's API OK overall, while each descriptor is still decided, counted and reported (envoyproxy/ratelimit's SHADOW_MODE): to try rules in production")
@@ -235,6 +241,16 @@ func (c *serveConfig) validate() error {
 	}
 	if _, err := config.ParseFailureMode(c.failureMode); err != nil {
 		return fmt.Errorf("invalid %s %q; accepted: open, closed, error, local", c.source("failure-mode"), c.failureMode)
+	}
+	names := strings.Split(c.responseHeaderNames, ",")
+	for i := range names {
+		names[i] = strings.TrimSpace(names[i])
+	}
+	if len(names) == 3 {
+		c.headerNames = service.HeaderNames{Limit: names[0], Remaining: names[1], Reset: names[2]}
+	}
+	if err := c.headerNames.Check(); len(names) != 3 || slices.Contains(names, "") || err != nil {
+		return fmt.Errorf("invalid %s %q: want three HTTP header names, limit,remaining,reset (%v)", c.source("response-header-names"), c.responseHeaderNames, cmp.Or(err, errors.New("not three names")))
 	}
 	if _, err := config.ParseOverLimitHits(c.overLimitHits); err != nil {
 		return fmt.Errorf("invalid %s %q; accepted: drop, count", c.source("over-limit-hits"), c.overLimitHits)

@@ -125,7 +125,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	observe := s.observer != nil && known
 	taken := s.reporter != nil && sc.admitted()
 	var pick headerPick
-	figures := s.headers != HeadersNone && known
+	figures := s.headers != HeadersNone && s.headers != HeadersReference && known
 
 	for i := range sc.checks {
 		c := &sc.checks[i]
@@ -177,6 +177,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	if pick.d != nil {
 		resp.ResponseHeadersToAdd = s.responseHeaders(sc, &pick, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
+	}
+	if s.headers == HeadersReference && known {
+		resp.ResponseHeadersToAdd = s.referenceHeaders(sc, resp)
 	}
 	return resp, nil
 }

@@ -61,6 +61,10 @@ type Options struct {
 	// Envoy to add (response_headers_to_add), and POST /json sends. Default
 	// HeadersNone: none. See [HeaderStyle].
 	ResponseHeaders HeaderStyle
+	// HeaderNames names the headers of the styles HeadersRateLimit and
+	// HeadersReference. The zero value names them RateLimit-Limit,
+	// RateLimit-Remaining and RateLimit-Reset.
+	HeaderNames HeaderNames
 	// Leases, when set, tells what this replica holds of the counters of
 	// leased limits (the lease engine in front of the backend): Peek,
 	// Check and POST /explain show it. Nil when nothing is leased.
@@ -122,6 +126,7 @@ type Service struct {
 	nearLimitRatio float64
 	enableReset    bool
 	headers        HeaderStyle
+	headerNames    HeaderNames
 	leases         algo.LeaseReader
 	global         algo.GlobalReader
 	shadowMode     bool
@@ -165,8 +170,11 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 	if opts.OverLimitHits > config.OverLimitCount {
 		return nil, fmt.Errorf("service: unknown over_limit_hits %d", opts.OverLimitHits)
 	}
-	if opts.ResponseHeaders > HeadersStructured {
+	if opts.ResponseHeaders > HeadersReference {
 		return nil, fmt.Errorf("service: unknown response header style %d", opts.ResponseHeaders)
+	}
+	if err := opts.HeaderNames.Check(); err != nil {
+		return nil, fmt.Errorf("service: response header names: %w", err)
 	}
 	s := &Service{
 		backend:     backend,
@@ -183,6 +191,7 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		nearLimitRatio: opts.NearLimitRatio,
 		enableReset:    opts.EnableReset,
 		headers:        opts.ResponseHeaders,
+		headerNames:    opts.HeaderNames.withDefaults(),
 		leases:         opts.Leases,
 		global:         opts.Global,
 		shadowMode:     opts.ShadowMode,
