@@ -308,3 +308,29 @@ func TestReferenceHeaders(t *testing.T) {
 		sameAnswer(t, i, st, resp, err)
 	})
 }
+
+// TestReferenceDynamicMetadata replays
+// testdata/reference/dynamic-metadata.json: with
+// RESPONSE_DYNAMIC_METADATA=true every answer carries the reference's
+// dynamic_metadata, field by field: the domain; each descriptor's entries,
+// limit override (protobuf's text form) and hits_addend; the request's
+// hits_addend; and the metadata of the rules of the descriptors that
+// passed, merged (the first's keys first, structs merged), read from
+// YAML as the reference reads it (yes and on are booleans, a date a
+// string). One documented difference: the reference drops the metadata
+// of a rule with detailed_metric (it rebuilds such a rule's limit
+// without it, src/config/config_impl.go, GetLimit); ratelimitd sends it.
+func TestReferenceDynamicMetadata(t *testing.T) {
+	t.Parallel()
+	replay(t, loadFixture(t, "dynamic-metadata.json"), func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+		if st.Note == "a rule with detailed_metric" {
+			var want map[string]any
+			if err := json.Unmarshal(st.Response, &want); err != nil {
+				t.Fatal(err)
+			}
+			want["dynamic_metadata"].(map[string]any)["metadata"] = map[string]any{"detailed": true}
+			st.Response, _ = json.Marshal(want)
+		}
+		sameAnswer(t, i, st, resp, err)
+	})
+}

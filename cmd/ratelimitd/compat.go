@@ -69,7 +69,6 @@ var ignoredSettings = map[string]string{
 	"REDIS_CLUSTER_PIPELINE_PARALLELISM":            "ratelimitd sends one call per Cluster slot, in parallel",
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR":                  "a call waits for a pooled connection up to -redis-read-timeout",
 	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":          "the server's certificate is always verified",
-	"RESPONSE_DYNAMIC_METADATA":                     "not supported",
 	"USE_DOG_STATSD_MOGRIFIERS":                     "not supported",
 	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":      "not supported",
 	"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES":              "gRPC's default limit of 4 MiB per message applies",
@@ -90,7 +89,6 @@ var ignoredDefaults = map[string]string{
 	"REDIS_PIPELINE_LIMIT":                          "0",
 	"REDIS_CLUSTER_PIPELINE_PARALLELISM":            "1",
 	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":          "false",
-	"RESPONSE_DYNAMIC_METADATA":                     "false",
 	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":      "false",
 	"XDS_CLIENT_BACKOFF_RANDOM_FACTOR":              "0.5",
 	"XDS_CLIENT_BACKOFF_JITTER":                     "true",
@@ -439,6 +437,9 @@ func (c *compat) limits() {
 		} else {
 			c.flag("over-limit-hits", "count", "RATELIMITD_COMPAT")
 		}
+	}
+	if c.bool("RESPONSE_DYNAMIC_METADATA", false) {
+		c.flag("response-dynamic-metadata", "true", "RESPONSE_DYNAMIC_METADATA")
 	}
 	if c.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
 		// The reference's headers, for the descriptor it picks, under

@@ -55,6 +55,7 @@ type serveConfig struct {
 	tracing             bool
 	responseHeaders     service.HeaderStyle
 	responseHeaderNames string
+	dynamicMetadata     bool
 	headerNames         service.HeaderNames
 	nearLimitRatio      float64
 	maxDetailedSeries   int
@@ -99,6 +100,7 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	redisStartupFlags(fs, &c.redisStartup)
 	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*), structured (RateLimit-Policy and RateLimit) or reference (RateLimit-*, for the descriptor envoyproxy/ratelimit picks); Retry-After when over the limit")
 	fs.StringVar(&c.responseHeaderNames, "response-header-names", "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset", "`names` of the limit, remaining and reset headers of -response-headers ratelimit and reference, comma-separated (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER)")
+	fs.BoolVar(&c.dynamicMetadata, "response-dynamic-metadata", false, "answers of Envoy's API carry dynamic_metadata: the domain, the descriptors and the merged metadata of the rules of those that passed (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA), for Envoy's later filters")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", service.DefaultNearLimitRatio, "share of a limit past which an admitted descriptor counts as near_limit in the metrics")
 	fs.IntVar(&c.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
 	fs.BoolVar(&c.shadowMode, "shadow-mode", false, "answer every request of Envoy's API OK overall, while each descriptor is still decided, counted and reported (envoyproxy/ratelimit's SHADOW_MODE): to try rules in production")

@@ -210,7 +210,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	svc, err := service.New(be.main, rules, service.Options{
 		Logger: log, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
-		ResponseHeaders: c.responseHeaders, HeaderNames: c.headerNames, NearLimitRatio: c.nearLimitRatio,
+		ResponseHeaders: c.responseHeaders, HeaderNames: c.headerNames, DynamicMetadata: c.dynamicMetadata, NearLimitRatio: c.nearLimitRatio,
 		Observer: service.Tee(observers...), EnableReset: c.enableReset, Leases: be.leases, Global: be.global,
 		ShadowMode: c.shadowMode, QuotaMode: c.quotaMode, OverLimitHits: overLimitHits,
 		ReferenceKeys: c.referenceKeys(),

@@ -669,6 +669,35 @@ descriptors:
 	}
 }
 
+// TestMetadataAsYAML11 reads a descriptor's metadata as
+// envoyproxy/ratelimit's YAML 1.1 parser does (gopkg.in/yaml.v2): plain
+// yes, on, off and their kin are booleans, quoted ones strings, a date
+// the text written, and merge keys expanded.
+func TestMetadataAsYAML11(t *testing.T) {
+	r := parse(t, `
+domain: m
+descriptors:
+  - key: k
+    metadata:
+      flags: {fast: yes, cheap: off, Y: Y, quoted: "yes", mixed: yEs}
+      since: 2024-01-02
+      n: [1, 2.5, ~, 0x10]
+      base: &base {a: 1, b: 2}
+      derived: {<<: *base, b: 3}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)
+	want := map[string]any{
+		"flags":   map[string]any{"fast": true, "cheap": false, "Y": true, "quoted": "yes", "mixed": "yEs"},
+		"since":   "2024-01-02",
+		"n":       []any{1, 2.5, nil, 16},
+		"base":    map[string]any{"a": 1, "b": 2},
+		"derived": map[string]any{"a": 1, "b": 3},
+	}
+	if got := r.Domain("m").Match(&entries{{"k", "v"}}).Metadata; !reflect.DeepEqual(got, want) {
+		t.Errorf("metadata %#v\nwant %#v", got, want)
+	}
+}
+
 // TestOverLimitHits reads rate_limit.over_limit_hits: the server's default
 // when absent, drop or count per limit, per entry of rate_limits.
 func TestOverLimitHits(t *testing.T) {

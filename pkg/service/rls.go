@@ -110,6 +110,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		for i := range resp.Statuses {
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		}
+		if s.dynamicMetadata {
+			resp.DynamicMetadata = dynamicMetadata(req, nil, resp)
+		}
 		return resp, nil
 	}
 
@@ -180,6 +183,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	if s.headers == HeadersReference && known {
 		resp.ResponseHeadersToAdd = s.referenceHeaders(sc, resp)
+	}
+	if s.dynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, sc.checks, resp)
 	}
 	return resp, nil
 }

@@ -61,6 +61,12 @@ type Options struct {
 	// Envoy to add (response_headers_to_add), and POST /json sends. Default
 	// HeadersNone: none. See [HeaderStyle].
 	ResponseHeaders HeaderStyle
+	// DynamicMetadata has every answer of Envoy's API carry
+	// dynamic_metadata as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA
+	// does: the domain, the descriptors, and the merged metadata of the
+	// rules of the descriptors that passed (see dynamicMetadata), which
+	// Envoy keeps for later filters, such as quota-aware routing.
+	DynamicMetadata bool
 	// HeaderNames names the headers of the styles HeadersRateLimit and
 	// HeadersReference. The zero value names them RateLimit-Limit,
 	// RateLimit-Remaining and RateLimit-Reset.
@@ -121,18 +127,19 @@ type Service struct {
 	failureLog  logLimiter
 	panics      atomic.Uint64 // handler panics recovered; see Panics
 
-	observer       Observer
-	reporter       ReportObserver // observer, when it is one
-	nearLimitRatio float64
-	enableReset    bool
-	headers        HeaderStyle
-	headerNames    HeaderNames
-	leases         algo.LeaseReader
-	global         algo.GlobalReader
-	shadowMode     bool
-	quotaMode      bool
-	overLimit      config.OverLimitHits
-	referenceKeys  bool
+	observer        Observer
+	reporter        ReportObserver // observer, when it is one
+	nearLimitRatio  float64
+	enableReset     bool
+	headers         HeaderStyle
+	headerNames     HeaderNames
+	dynamicMetadata bool
+	leases          algo.LeaseReader
+	global          algo.GlobalReader
+	shadowMode      bool
+	quotaMode       bool
+	overLimit       config.OverLimitHits
+	referenceKeys   bool
 }
 
 // New returns a service deciding with backend under rules.
@@ -187,17 +194,18 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		now:         opts.Now,
 		failureLog:  logLimiter{every: failureLogInterval},
 
-		observer:       opts.Observer,
-		nearLimitRatio: opts.NearLimitRatio,
-		enableReset:    opts.EnableReset,
-		headers:        opts.ResponseHeaders,
-		headerNames:    opts.HeaderNames.withDefaults(),
-		leases:         opts.Leases,
-		global:         opts.Global,
-		shadowMode:     opts.ShadowMode,
-		quotaMode:      opts.QuotaMode,
-		overLimit:      opts.OverLimitHits.Or(config.OverLimitDrop),
-		referenceKeys:  opts.ReferenceKeys,
+		observer:        opts.Observer,
+		nearLimitRatio:  opts.NearLimitRatio,
+		enableReset:     opts.EnableReset,
+		headers:         opts.ResponseHeaders,
+		headerNames:     opts.HeaderNames.withDefaults(),
+		dynamicMetadata: opts.DynamicMetadata,
+		leases:          opts.Leases,
+		global:          opts.Global,
+		shadowMode:      opts.ShadowMode,
+		quotaMode:       opts.QuotaMode,
+		overLimit:       opts.OverLimitHits.Or(config.OverLimitDrop),
+		referenceKeys:   opts.ReferenceKeys,
 	}
 	s.reporter, _ = opts.Observer.(ReportObserver)
 	s.rules.Store(rules)
