@@ -178,16 +178,23 @@ func TestCompatOverLimitHits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got string
-		for _, a := range args {
-			if strings.HasPrefix(a, "-over-limit-hits=") {
-				got = a
-			}
-		}
+		got := flagIn(args, "over-limit-hits")
 		if got != c.want {
 			t.Errorf("%v: %q, want %q", c.env, got, c.want)
 		}
 	}
+}
+
+// flagIn returns the last of args that sets flag name, "-name=value", or
+// "" for none.
+func flagIn(args []string, name string) string {
+	var got string
+	for _, a := range args {
+		if strings.HasPrefix(a, "-"+name+"=") {
+			got = a
+		}
+	}
+	return got
 }
 
 // TestCompatFailureMode: compatibility mode answers a call it cannot
@@ -206,12 +213,7 @@ func TestCompatFailureMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got string
-		for _, a := range args {
-			if strings.HasPrefix(a, "-failure-mode=") {
-				got = a
-			}
-		}
+		got := flagIn(args, "failure-mode")
 		if got != c.want || got != "" && from["failure-mode"] != "RATELIMITD_COMPAT" {
 			t.Errorf("%v: %q from %q, want %q", c.env, got, from["failure-mode"], c.want)
 		}
