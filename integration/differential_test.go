@@ -70,10 +70,10 @@ func loadFixture(t *testing.T, name string) refFixture {
 	return f
 }
 
-// replay starts ratelimitd as /bin/ratelimit with the fixture's
+// replayFixture starts ratelimitd as /bin/ratelimit with the fixture's
 // environment and rules on a Redis of its own, sends every request of the
 // fixture, and calls check with each step and ratelimitd's answer.
-func replay(t *testing.T, f refFixture, check func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error)) {
+func replayFixture(t *testing.T, f refFixture, check func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error)) {
 	t.Helper()
 	redis := redistest.StartNode(t)
 	root := t.TempDir()
@@ -217,7 +217,7 @@ func unitLength(u rlsv3.RateLimitResponse_RateLimit_Unit) time.Duration {
 func TestReferenceCosts(t *testing.T) {
 	t.Parallel()
 	f := loadFixture(t, "costs.json")
-	replay(t, f, func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+	replayFixture(t, f, func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
 		sameAnswer(t, i, st, resp, err)
 	})
 }
@@ -238,7 +238,7 @@ func TestReferenceRedisDown(t *testing.T) {
 	f := loadFixture(t, "redis-down.json")
 	t.Run("as the reference", func(t *testing.T) {
 		t.Parallel()
-		replay(t, f, func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+		replayFixture(t, f, func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
 			if st.Error == nil {
 				sameAnswer(t, i, st, resp, err)
 				return
@@ -252,7 +252,7 @@ func TestReferenceRedisDown(t *testing.T) {
 		t.Parallel()
 		open := f
 		open.Env = map[string]string{"RATELIMITD_FAILURE_MODE": "open"}
-		replay(t, open, func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+		replayFixture(t, open, func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
 			if st.Error == nil {
 				sameAnswer(t, i, st, resp, err)
 				return
@@ -272,7 +272,7 @@ func TestReferenceRedisDown(t *testing.T) {
 // case, the answers are the reference's.
 func TestReferenceQuotaMode(t *testing.T) {
 	t.Parallel()
-	replay(t, loadFixture(t, "quota-mode.json"), func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+	replayFixture(t, loadFixture(t, "quota-mode.json"), func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
 		sameAnswer(t, i, st, resp, err)
 	})
 }
@@ -286,7 +286,7 @@ func TestReferenceQuotaMode(t *testing.T) {
 // addition: it is checked and taken out before the comparison.
 func TestReferenceHeaders(t *testing.T) {
 	t.Parallel()
-	replay(t, loadFixture(t, "headers.json"), func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+	replayFixture(t, loadFixture(t, "headers.json"), func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
 		if resp != nil {
 			kept := resp.ResponseHeadersToAdd[:0]
 			retry := false
@@ -322,7 +322,7 @@ func TestReferenceHeaders(t *testing.T) {
 // without it, src/config/config_impl.go, GetLimit); ratelimitd sends it.
 func TestReferenceDynamicMetadata(t *testing.T) {
 	t.Parallel()
-	replay(t, loadFixture(t, "dynamic-metadata.json"), func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
+	replayFixture(t, loadFixture(t, "dynamic-metadata.json"), func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error) {
 		if st.Note == "a rule with detailed_metric" {
 			var want map[string]any
 			if err := json.Unmarshal(st.Response, &want); err != nil {
