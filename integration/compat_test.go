@@ -23,19 +23,18 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/reftest"
 )
 
-// asReference copies the ratelimitd binary to a directory of the test as
-// bin/ratelimit, the reference image's entry point, and returns its path.
+// asReference links the ratelimitd binary into a directory of the test as
+// bin/ratelimit, the reference image's entry point, as the image links it,
+// and returns its path. A link, not a copy: a copy just written cannot be
+// started while another test's fork still holds it open for writing
+// (ETXTBSY, "text file busy"), which parallel tests made happen.
 func asReference(t *testing.T) string {
 	t.Helper()
-	data, err := os.ReadFile(binary)
-	if err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(t.TempDir(), "bin", "ratelimit")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, data, 0o755); err != nil {
+	if err := os.Symlink(binary, path); err != nil {
 		t.Fatal(err)
 	}
 	return path

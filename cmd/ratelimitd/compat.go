@@ -1,6 +1,8 @@
 package main
 
 import (
+	"cmp"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // Compatibility mode: ratelimitd configured by envoyproxy/ratelimit's
@@ -65,10 +69,6 @@ var ignoredSettings = map[string]string{
 	"REDIS_CLUSTER_PIPELINE_PARALLELISM":            "ratelimitd sends one call per Cluster slot, in parallel",
 	"REDIS_POOL_ON_EMPTY_BEHAVIOR":                  "a call waits for a pooled connection up to -redis-read-timeout",
 	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":          "the server's certificate is always verified",
-	"RESPONSE_DYNAMIC_METADATA":                     "not supported",
-	"LIMIT_LIMIT_HEADER":                            "headers use the standard names (RateLimit-Limit)",
-	"LIMIT_REMAINING_HEADER":                        "headers use the standard names (RateLimit-Remaining)",
-	"LIMIT_RESET_HEADER":                            "headers use the standard names (RateLimit-Reset)",
 	"USE_DOG_STATSD_MOGRIFIERS":                     "not supported",
 	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":      "not supported",
 	"XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES":              "gRPC's default limit of 4 MiB per message applies",
@@ -89,10 +89,6 @@ var ignoredDefaults = map[string]string{
 	"REDIS_PIPELINE_LIMIT":                          "0",
 	"REDIS_CLUSTER_PIPELINE_PARALLELISM":            "1",
 	"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION":          "false",
-	"RESPONSE_DYNAMIC_METADATA":                     "false",
-	"LIMIT_LIMIT_HEADER":                            "RateLimit-Limit",
-	"LIMIT_REMAINING_HEADER":                        "RateLimit-Remaining",
-	"LIMIT_RESET_HEADER":                            "RateLimit-Reset",
 	"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS":      "false",
 	"XDS_CLIENT_BACKOFF_RANDOM_FACTOR":              "0.5",
 	"XDS_CLIENT_BACKOFF_JITTER":                     "true",
@@ -329,6 +325,14 @@ func (c *compat) backend() {
 		return
 	}
 	c.flag("backend", "redis", "BACKEND_TYPE")
+	// A call the reference cannot decide for want of Redis is answered
+	// with a gRPC error (src/service/ratelimit.go, ShouldRateLimit: the
+	// cache's RedisError panic is recovered into the call's error), so
+	// Envoy's failure_mode_deny decides, not the rate-limit service: as
+	// -failure-mode error does, unless ratelimitd's own variable says.
+	if _, ok := c.lookupEnv(envName("failure-mode")); !ok {
+		c.flag("failure-mode", "error", "RATELIMITD_COMPAT")
+	}
 	if c.bool("REDIS_PERSECOND", false) {
 		c.refuse("REDIS_PERSECOND=true: ratelimitd keeps every counter in one Redis; per-second counts kept in REDIS_PERSECOND_URL by the reference would not be shared")
 	}
@@ -419,8 +423,34 @@ func (c *compat) limits() {
 	if c.bool("QUOTA_MODE", false) {
 		c.flag("quota-mode", "true", "QUOTA_MODE")
 	}
+	// The reference counts every hit of every descriptor it is sent
+	// (src/redis/fixed_cache_impl.go, DoLimit: INCRBY each key whatever the
+	// answer), and Envoy Gateway's rules cannot say otherwise: hits beyond
+	// what remains are counted, unless ratelimitd's own variable says.
+	// With STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT the reference counts
+	// nothing of a call's descriptors that are within their limits when
+	// one is over (getHitsAddend); the descriptors that are over it still
+	// counts, which drop does not (docs/migrating.md).
+	if _, ok := c.lookupEnv(envName("over-limit-hits")); !ok {
+		if c.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false) {
+			c.flag("over-limit-hits", "drop", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
+		} else {
+			c.flag("over-limit-hits", "count", "RATELIMITD_COMPAT")
+		}
+	}
+	if c.bool("RESPONSE_DYNAMIC_METADATA", false) {
+		c.flag("response-dynamic-metadata", "true", "RESPONSE_DYNAMIC_METADATA")
+	}
 	if c.bool("LIMIT_RESPONSE_HEADERS_ENABLED", false) {
-		c.flag("response-headers", "ratelimit", "LIMIT_RESPONSE_HEADERS_ENABLED")
+		// The reference's headers, for the descriptor it picks, under
+		// the names it is given (src/service/ratelimit.go).
+		c.flag("response-headers", "reference", "LIMIT_RESPONSE_HEADERS_ENABLED")
+		names := []string{c.get("LIMIT_LIMIT_HEADER", "RateLimit-Limit"), c.get("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"), c.get("LIMIT_RESET_HEADER", "RateLimit-Reset")}
+		if err := (service.HeaderNames{Limit: names[0], Remaining: names[1], Reset: names[2]}).Check(); err != nil || strings.Contains(strings.Join(names, ""), ",") {
+			c.refuse("LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER: %v", cmp.Or(err, errors.New("a name holds a comma")))
+		} else {
+			c.flag("response-header-names", strings.Join(names, ","), "LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER")
+		}
 	}
 }
 

@@ -159,6 +159,101 @@ func TestCompatEnvoyGateway(t *testing.T) {
 	}
 }
 
+// TestCompatOverLimitHits: compatibility mode counts hits beyond what
+// remains, as the reference counts every hit, unless ratelimitd's own
+// RATELIMITD_OVER_LIMIT_HITS says otherwise; the reference's
+// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT drops them.
+func TestCompatOverLimitHits(t *testing.T) {
+	for _, c := range []struct {
+		env  env
+		want string // the flag compatibility mode gives; "" for none
+	}{
+		{env{}, "-over-limit-hits=count"},
+		{env{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "false"}, "-over-limit-hits=count"},
+		{env{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"}, "-over-limit-hits=drop"},
+		{env{"RATELIMITD_OVER_LIMIT_HITS": "drop"}, ""},
+		{env{"RATELIMITD_OVER_LIMIT_HITS": "count", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"}, ""},
+	} {
+		args, _, _, err := compatArgs(c.env.lookup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := flagIn(args, "over-limit-hits")
+		if got != c.want {
+			t.Errorf("%v: %q, want %q", c.env, got, c.want)
+		}
+	}
+}
+
+// flagIn returns the last of args that sets flag name, "-name=value", or
+// "" for none.
+func flagIn(args []string, name string) string {
+	var got string
+	for _, a := range args {
+		if strings.HasPrefix(a, "-"+name+"=") {
+			got = a
+		}
+	}
+	return got
+}
+
+// TestCompatFailureMode: compatibility mode answers a call it cannot
+// decide with an error, as the reference does, unless ratelimitd's own
+// RATELIMITD_FAILURE_MODE says otherwise.
+func TestCompatFailureMode(t *testing.T) {
+	for _, c := range []struct {
+		env  env
+		want string
+	}{
+		{env{}, "-failure-mode=error"},
+		{env{"RATELIMITD_FAILURE_MODE": "open"}, ""},
+		{env{"RATELIMITD_FAILURE_MODE": "local"}, ""},
+	} {
+		args, _, from, err := compatArgs(c.env.lookup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := flagIn(args, "failure-mode")
+		if got != c.want || got != "" && from["failure-mode"] != "RATELIMITD_COMPAT" {
+			t.Errorf("%v: %q from %q, want %q", c.env, got, from["failure-mode"], c.want)
+		}
+	}
+	// In serve, RATELIMITD_FAILURE_MODE then applies as to any flag the
+	// reference's settings do not give.
+	p := startServeEnv(t, env{"RATELIMITD_COMPAT": "envoyproxy", "RATELIMITD_FAILURE_MODE": "bogus",
+		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "127.0.0.1:1", "RUNTIME_ROOT": t.TempDir(),
+		"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "DEBUG_HOST": "127.0.0.1", "DEBUG_PORT": "0", "USE_STATSD": "false"}, false)
+	if code := p.stop(t); code != exitUsage {
+		t.Errorf("RATELIMITD_FAILURE_MODE=bogus in compatibility mode: exit %d, want %d (the variable read and refused)", code, exitUsage)
+	}
+}
+
+// TestCompatResponseHeaders: LIMIT_RESPONSE_HEADERS_ENABLED gives the
+// reference's headers, under the names of LIMIT_LIMIT_HEADER,
+// LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER; a name that is no HTTP
+// header name stops the start.
+func TestCompatResponseHeaders(t *testing.T) {
+	args, ignored, _, err := compatArgs(env{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_REMAINING_HEADER": "X-Left"}.lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"-response-headers=reference", "-response-header-names=RateLimit-Limit,X-Left,RateLimit-Reset"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("args lack %s: %q", want, args)
+		}
+	}
+	if len(ignored) != 1 { // RUNTIME_IGNOREDOTFILES, as by default
+		t.Errorf("ignored %q", ignored)
+	}
+	_, _, _, err = compatArgs(env{"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_RESET_HEADER": "Reset In"}.lookup)
+	if err == nil || !strings.Contains(err.Error(), `"Reset In" is not an HTTP header name`) {
+		t.Errorf("a header name with a space: %v", err)
+	}
+	if args, _, _, _ := compatArgs(env{"LIMIT_REMAINING_HEADER": "X-Left"}.lookup); slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "-response-header") }) {
+		t.Errorf("names without LIMIT_RESPONSE_HEADERS_ENABLED: %q", args)
+	}
+}
+
 // TestCompatXDS: CONFIG_TYPE=GRPC_XDS_SOTW takes the rules from the
 // control plane of the CONFIG_GRPC_XDS_* settings, and no directory.
 func TestCompatXDS(t *testing.T) {

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,6 +54,9 @@ type serveConfig struct {
 	watchConfig         bool
 	tracing             bool
 	responseHeaders     service.HeaderStyle
+	responseHeaderNames string
+	dynamicMetadata     bool
+	headerNames         service.HeaderNames
 	nearLimitRatio      float64
 	maxDetailedSeries   int
 	enableReset         bool
@@ -59,6 +65,7 @@ type serveConfig struct {
 	region              regionConfig
 	shadowMode          bool
 	quotaMode           bool
+	overLimitHits       string
 	localShare          float64
 	breaker             breaker.Options
 	logLevel            string
@@ -91,11 +98,14 @@ func newServeFlags(c *serveConfig) *flag.FlagSet {
 	fs.StringVar(&c.config, "config", "config", "rule `path`: a YAML rule file, or a directory of *.yaml and *.yml rule files")
 	configReadingFlags(fs, &c.configOpts)
 	redisStartupFlags(fs, &c.redisStartup)
-	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*) or structured (RateLimit-Policy and RateLimit); Retry-After when over the limit")
+	fs.TextVar(&c.responseHeaders, "response-headers", service.HeadersNone, "rate-limit headers Envoy adds to answers: none, ratelimit (RateLimit-*), x-ratelimit (X-RateLimit-*), structured (RateLimit-Policy and RateLimit) or reference (RateLimit-*, for the descriptor envoyproxy/ratelimit picks); Retry-After when over the limit")
+	fs.StringVar(&c.responseHeaderNames, "response-header-names", "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset", "`names` of the limit, remaining and reset headers of -response-headers ratelimit and reference, comma-separated (envoyproxy/ratelimit's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER)")
+	fs.BoolVar(&c.dynamicMetadata, "response-dynamic-metadata", false, "answers of Envoy's API carry dynamic_metadata: the domain, the descriptors and the merged metadata of the rules of those that passed (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA), for Envoy's later filters")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", service.DefaultNearLimitRatio, "share of a limit past which an admitted descriptor counts as near_limit in the metrics")
 	fs.IntVar(&c.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
 	fs.BoolVar(&c.shadowMode, "shadow-mode", false, "answer every request of Envoy's API OK overall, while each descriptor is still decided, counted and reported (envoyproxy/ratelimit's SHADOW_MODE): to try rules in production")
-	fs.BoolVar(&c.quotaMode, "quota-mode", false, "decide every rule as one with quota_mode: true (envoyproxy/ratelimit's QUOTA_MODE)")
+	fs.BoolVar(&c.quotaMode, "quota-mode", false, "decide every descriptor but unlimited ones as one of a rule with quota_mode: true, unmatched ones and limit overrides included (envoyproxy/ratelimit's QUOTA_MODE): a request is refused only when a non-quota descriptor is over, or every quota descriptor is")
+	fs.StringVar(&c.overLimitHits, "over-limit-hits", "drop", "hits beyond what remains, for limits whose rule does not say (rate_limit.over_limit_hits) and limit overrides: drop (refuse and count nothing) or count (count them anyway, as envoyproxy/ratelimit does: for costs reported after the response; the default in compatibility mode)")
 	fs.BoolVar(&c.enableReset, "enable-reset", false, "let ratelimitd.v1.RateLimiter/Reset clear a descriptor's counters, and with -ui the ops console's reset button (an operator's tool; anyone who can reach the gRPC port, or the console, can call it)")
 	fs.BoolVar(&c.ui, "ui", false, "serve the ops console at /ui on the HTTP listener: rules, live decisions, top limited keys (descriptor values of every caller), backend state, explain (docs/console.md); put the listener behind TLS and auth first")
 	fs.BoolVar(&c.tracing, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
@@ -233,6 +243,19 @@ func (c *serveConfig) validate() error {
 	}
 	if _, err := config.ParseFailureMode(c.failureMode); err != nil {
 		return fmt.Errorf("invalid %s %q; accepted: open, closed, error, local", c.source("failure-mode"), c.failureMode)
+	}
+	names := strings.Split(c.responseHeaderNames, ",")
+	for i := range names {
+		names[i] = strings.TrimSpace(names[i])
+	}
+	if len(names) == 3 {
+		c.headerNames = service.HeaderNames{Limit: names[0], Remaining: names[1], Reset: names[2]}
+	}
+	if err := c.headerNames.Check(); len(names) != 3 || slices.Contains(names, "") || err != nil {
+		return fmt.Errorf("invalid %s %q: want three HTTP header names, limit,remaining,reset (%v)", c.source("response-header-names"), c.responseHeaderNames, cmp.Or(err, errors.New("not three names")))
+	}
+	if _, err := config.ParseOverLimitHits(c.overLimitHits); err != nil {
+		return fmt.Errorf("invalid %s %q; accepted: drop, count", c.source("over-limit-hits"), c.overLimitHits)
 	}
 	if !(c.nearLimitRatio > 0 && c.nearLimitRatio <= 1) {
 		return fmt.Errorf("invalid %s %v; it must be above 0 and at most 1", c.source("near-limit-ratio"), c.nearLimitRatio)

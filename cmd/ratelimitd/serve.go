@@ -188,7 +188,8 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	}
 	defer ref.close()
 	ref.configLoaded(true)
-	mode, _ := config.ParseFailureMode(c.failureMode) // validated
+	mode, _ := config.ParseFailureMode(c.failureMode)              // validated
+	overLimitHits, _ := config.ParseOverLimitHits(c.overLimitHits) // validated
 	// The rules in force were loaded now, or at the watcher's last reload.
 	loadedAt, loaded := time.Now(), func() time.Time { return time.Time{} }
 	rulesLoaded := func() time.Time {
@@ -209,9 +210,9 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	svc, err := service.New(be.main, rules, service.Options{
 		Logger: log, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
-		ResponseHeaders: c.responseHeaders, NearLimitRatio: c.nearLimitRatio,
+		ResponseHeaders: c.responseHeaders, HeaderNames: c.headerNames, DynamicMetadata: c.dynamicMetadata, NearLimitRatio: c.nearLimitRatio,
 		Observer: service.Tee(observers...), EnableReset: c.enableReset, Leases: be.leases, Global: be.global,
-		ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
+		ShadowMode: c.shadowMode, QuotaMode: c.quotaMode, OverLimitHits: overLimitHits,
 		ReferenceKeys: c.referenceKeys(),
 	})
 	if err != nil {

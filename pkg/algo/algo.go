@@ -42,6 +42,14 @@ type Request struct {
 	// nothing. (A later request of the batch for the same key still sees
 	// its hits, as it would a request's that is stored.)
 	Peek bool
+	// Count marks a request whose hits are spent whatever the answer (a
+	// rule's over_limit_hits: count, for costs reported after the
+	// response): when its limit refuses them, they are counted beyond
+	// what remains all the same, and the request is still refused (see
+	// [Counted]); when its batch is refused, it is counted as if decided
+	// alone with the other requests that count. A peek is decided the
+	// same way and stores nothing.
+	Count bool
 	// Leased marks a request of a limit with consistency: leased, which a
 	// lease engine in front of the backend may decide in process from
 	// budget it leased earlier (package lease). A backend that holds the
@@ -242,6 +250,14 @@ func (s State) Equal(t State) bool {
 // consumed, and every decision describes the state as it stands, so an
 // allowed request reports its remaining count without its hits taken. When
 // two requests share a key, the later one sees the earlier one's hits.
+//
+// Requests with [Request.Count] are the exception: they are always
+// consumed. Refused, their hits are counted beyond what remains
+// ([Counted]), in an admitted batch as in a refused one. In a refused
+// batch they are decided again, in order, from the states the batch
+// found, each seeing only the earlier counting requests of its key, and
+// stored (a take as a plain decision: it leases nothing); their decisions
+// are those of that second pass.
 //
 // Decide returns an error only when it could not decide, for example when
 // the store is unreachable or ctx is done; out is then meaningless.

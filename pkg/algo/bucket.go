@@ -1,10 +1,5 @@
 package algo
 
-// tokenBucket is the step of [TokenBucket]. now is in microseconds.
-func tokenBucket(s *State, now int64, l Limit, hits uint64) Decision {
-	return tokenBucketOp(s, now, l, hits, leaseOp{})
-}
-
 // tokenBucketOp is [tokenBucket], also for a take or a give (o.op).
 //
 // A clock that steps back finds the last refill in its future: the bucket
@@ -40,6 +35,14 @@ func tokenBucketOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decisio
 			tokens, last = r.refill(tokens, last, b, held, at)
 		}
 	}
+	if o.op == opCount {
+		// Into debt, by at most N tokens: the hits' cost beyond that would
+		// keep the key refused for longer than a window.
+		n := int64(l.Requests)
+		tokens = max(tokens-int64(min(hits, uint64(b+n))), -n)
+		*s = State{Time: last.us, Frac: last.f, Count: tokens, Log: live}
+		return Decision{}
+	}
 	// until returns the time until the bucket holds k tokens.
 	until := func(k, tokens int64, live leases) int64 { return r.until(k, tokens, last, b, live, at) }
 	// keep stores the bucket with tokens and the leases live.
@@ -47,7 +50,7 @@ func tokenBucketOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decisio
 		*s = State{Time: last.us, Frac: last.f, Count: tokens, Log: live}
 	}
 
-	d := Decision{Remaining: uint64(tokens)}
+	d := Decision{Remaining: uint64(max(tokens, 0))} // tokens < 0: a debt (opCount)
 	if tokens < b {
 		d.ResetAfter = micros(until(b, tokens, live))
 	}
@@ -58,10 +61,10 @@ func tokenBucketOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decisio
 			return Decision{Allowed: true, Remaining: uint64(b)}
 		}
 		keep(tokens, live)
-		return Decision{Allowed: true, Remaining: uint64(tokens), ResetAfter: micros(until(b, tokens, live))}
+		return Decision{Allowed: true, Remaining: uint64(max(tokens, 0)), ResetAfter: micros(until(b, tokens, live))}
 	}
 	switch {
-	case hits == 0 && o.op != OpTake:
+	case hits == 0 && o.op != OpTake && !(o.strict && tokens < 0):
 		d.Allowed = true
 		return d
 	case hits > uint64(b):
@@ -140,27 +143,12 @@ func (r rate) until(k, tokens int64, last inst, b int64, live leases, at inst) i
 // A clock that steps back finds the last leak in its future: the queue then
 // does not drain until the clock passes it again, unless the leak lies more
 // than a window ahead, when the state is void.
-func leakyBucket(s *State, now int64, l Limit, hits uint64) Decision {
+func leakyBucket(s *State, now int64, l Limit, hits uint64, strict bool) Decision {
 	if l.Requests == 0 {
 		return refuseAll(hits)
 	}
-	r, b, w, at := newRate(l), int64(l.capacity()), windowMicros(l), inst{now, 0}
-	level, last := s.Count, r.stored(s.Time, s.Frac)
-	switch {
-	case level <= 0:
-		level, last = 0, at
-	case last.cmp(at) > 0:
-		if r.sub(last, at).cmp(inst{w, 0}) > 0 {
-			level, last = 0, at
-		}
-	default:
-		k := r.fit(r.sub(at, last), level)
-		if level -= k; level == 0 {
-			last = at
-		} else {
-			last = r.add(last, r.cost(k))
-		}
-	}
+	r, b, at := newRate(l), int64(l.capacity()), inst{now, 0}
+	level, last := r.drain(s, at, windowMicros(l))
 	// drained returns the time until a queue of level has drained.
 	drained := func(level int64) int64 { return r.sub(r.add(last, r.cost(level)), at).ceil() }
 
@@ -169,7 +157,7 @@ func leakyBucket(s *State, now int64, l Limit, hits uint64) Decision {
 		d.ResetAfter = micros(drained(level))
 	}
 	switch {
-	case hits == 0:
+	case hits == 0 && !(strict && level > b):
 		d.Allowed = true
 		return d
 	case hits > uint64(b):
@@ -185,9 +173,26 @@ func leakyBucket(s *State, now int64, l Limit, hits uint64) Decision {
 	return Decision{Allowed: true, Remaining: uint64(b - level), ResetAfter: micros(drained(level)), Wait: wait}
 }
 
-// gcra is the step of [GCRA]. now is in microseconds.
-func gcra(s *State, now int64, l Limit, hits uint64) Decision {
-	return gcraOp(s, now, l, hits, leaseOp{})
+// drain returns the level of the queue s holds at at, and the instant of
+// its last leak, for a window of w µs: a queue leaks one hit per emission
+// interval. A last leak more than a window ahead of at (a clock stepped
+// back) is void.
+func (r rate) drain(s *State, at inst, w int64) (int64, inst) {
+	level, last := s.Count, r.stored(s.Time, s.Frac)
+	switch {
+	case level <= 0:
+		return 0, at
+	case last.cmp(at) > 0:
+		if r.sub(last, at).cmp(inst{w, 0}) > 0 {
+			return 0, at
+		}
+		return level, last
+	}
+	k := r.fit(r.sub(at, last), level)
+	if level -= k; level == 0 {
+		return 0, at
+	}
+	return level, r.add(last, r.cost(k))
 }
 
 // gcraOp is [gcra], also for a take or a give (o.op).
@@ -225,6 +230,17 @@ func gcraOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decision {
 	}
 	tat = later(tat, r.add(at, r.cost(min(out, b))))
 	live := held.live(now)
+	if o.op == opCount {
+		// The TAT moves ahead by the hits' emission time, at most to B + N
+		// emission times ahead of now (a debt of N), which is not void.
+		n := int64(l.Requests)
+		next := r.add(tat, r.cost(int64(min(hits, uint64(b+n)))))
+		if most := r.add(at, r.cost(b+n)); next.cmp(most) > 0 {
+			next = most
+		}
+		*s = State{Time: next.us, Frac: next.f, Log: live}
+		return Decision{}
+	}
 	// reset returns the time until the TAT is behind now for good: a full
 	// bucket, once every lease has ended.
 	reset := func(tat inst, live leases) int64 {
@@ -260,7 +276,7 @@ func gcraOp(s *State, now int64, l Limit, hits uint64, o leaseOp) Decision {
 		return Decision{Allowed: true, Remaining: remaining(tat), ResetAfter: micros(reset(tat, live))}
 	}
 	switch {
-	case hits == 0 && o.op != OpTake:
+	case hits == 0 && o.op != OpTake && !(o.strict && r.sub(tat, at).cmp(limit) > 0):
 		d.Allowed = true
 		return d
 	case hits > uint64(b):

@@ -10,12 +10,9 @@ import "math"
 // holds it shut for long. A stored window further ahead is void, as if the
 // window had passed; freezing a key for as long as the clock stepped back
 // would be worse.
-func fixedWindow(s *State, now int64, l Limit, hits uint64) Decision {
+func fixedWindow(s *State, now int64, l Limit, hits uint64, strict bool) Decision {
 	w := windowMicros(l)
-	start := now - floorMod(now, w)
-	if s.Time > start && s.Time-start <= w {
-		start = s.Time
-	}
+	start := windowStart(s, now, w)
 	end := start + w
 
 	var used uint64
@@ -28,7 +25,7 @@ func fixedWindow(s *State, now int64, l Limit, hits uint64) Decision {
 		remaining = n - used
 	}
 
-	if hits <= remaining {
+	if hits <= remaining && !(strict && used > n) {
 		used += hits
 		d := Decision{Allowed: true, Remaining: remaining - hits}
 		if used > 0 {
@@ -49,6 +46,17 @@ func fixedWindow(s *State, now int64, l Limit, hits uint64) Decision {
 		d.RetryAfter = Never
 	}
 	return d
+}
+
+// windowStart returns the start of the epoch-aligned window of w µs that
+// holds now, or the later window s counts when that one began at most a
+// window ahead (a clock stepped back).
+func windowStart(s *State, now, w int64) int64 {
+	start := now - floorMod(now, w)
+	if s.Time > start && s.Time-start <= w {
+		return s.Time
+	}
+	return start
 }
 
 // floorMod returns x mod m in [0, m) for m > 0, also for negative x.

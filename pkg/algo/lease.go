@@ -32,22 +32,28 @@ func Apply(s *State, now time.Time, r *Request) Decision {
 		d := Step(s, now, l, 0)
 		d.Allowed = true
 		return d
-	case r.Op == OpTake && leasable && !r.Peek && r.Lease.TTL > 0:
-		return take(s, now.UnixMicro(), l, r.Hits, r.Lease)
 	}
-	return Step(s, now, l, r.Hits)
+	strict := r.Counting() && r.Hits == 0
+	if r.Op == OpTake && leasable && !r.Peek && r.Lease.TTL > 0 {
+		return overcount(s, now, r, take(s, now.UnixMicro(), l, r.Hits, r.Lease, strict))
+	}
+	return overcount(s, now, r, stepWith(s, now, l, r.Hits, strict))
 }
 
 // Stores reports whether a backend must store the state that [Apply] left
 // for request r with decision d, once the batch is admitted: an allowed
 // request that is no peek and consumed hits, took a lease or gave hits
-// back to a limit that leases; for a Concurrency limit, one that took,
-// gave back or kept a slot.
+// back to a limit that leases; a refused one that is no peek and was
+// [Counted]; for a Concurrency limit, one that took, gave back or kept a
+// slot.
 func Stores(r *Request, d *Decision) bool {
 	if r.Limit.Algorithm == Concurrency {
 		return d.Allowed && !r.Peek && d.Taken > 0
 	}
-	return d.Allowed && !r.Peek && (r.Hits > 0 || d.Taken > 0) && (r.Op != OpGive || r.Limit.Algorithm.Leasable())
+	if r.Peek {
+		return false
+	}
+	return d.Allowed && (r.Hits > 0 || d.Taken > 0) && (r.Op != OpGive || r.Limit.Algorithm.Leasable()) || Counted(r, d)
 }
 
 // Keep returns how long a backend keeps the state that [Apply] left for
@@ -63,28 +69,29 @@ func Keep(r *Request, d *Decision) time.Duration {
 	return d.ResetAfter
 }
 
-// take is [Apply] for an OpTake of a leasable algorithm. now is in µs.
-func take(s *State, now int64, l Limit, hits uint64, ls Lease) Decision {
+// take is [Apply] for an OpTake of a leasable algorithm. now is in µs;
+// strict, as for [stepWith].
+func take(s *State, now int64, l Limit, hits uint64, ls Lease, strict bool) Decision {
 	ttl := max(ls.TTL.Microseconds(), 1)
 	switch l.Algorithm {
 	case TokenBucket:
-		return tokenBucketOp(s, now, l, hits, leaseOp{op: OpTake, max: ls.Max, share: ls.Share, ttl: ttl})
+		return tokenBucketOp(s, now, l, hits, leaseOp{op: OpTake, max: ls.Max, share: ls.Share, ttl: ttl, strict: strict})
 	case GCRA:
-		return gcraOp(s, now, l, hits, leaseOp{op: OpTake, max: ls.Max, share: ls.Share, ttl: ttl})
+		return gcraOp(s, now, l, hits, leaseOp{op: OpTake, max: ls.Max, share: ls.Share, ttl: ttl, strict: strict})
 	}
 	step := fixedWindow
 	if l.Algorithm == SlidingWindowCounter {
 		step = slidingWindowCounter
 	}
 	orig := *s
-	d := step(s, now, l, hits)
+	d := step(s, now, l, hits, strict)
 	if !d.Allowed {
 		return d
 	}
 	taken := leaseSize(hits, d.Remaining+hits, ls)
 	if taken > hits {
 		*s = orig
-		d = step(s, now, l, taken) // taken fits what remained: allowed
+		d = step(s, now, l, taken, false) // taken fits what remained: allowed
 		d.Mark = s.Time
 		d.Valid = micros(s.Time + windowMicros(l) - now) // the window's end
 	}
@@ -112,7 +119,7 @@ func give(s *State, now int64, l Limit, hits uint64, mark int64) Decision {
 				*s = State{}
 			}
 		}
-		d := fixedWindow(s, now, l, 0)
+		d := fixedWindow(s, now, l, 0, false)
 		return d
 	default: // SlidingWindowCounter
 		// The hits count in their window while it is current, then as the
@@ -127,7 +134,7 @@ func give(s *State, now int64, l Limit, hits uint64, mark int64) Decision {
 		if s.Count == 0 && s.Prev == 0 {
 			*s = State{}
 		}
-		return slidingWindowCounter(s, now, l, 0)
+		return slidingWindowCounter(s, now, l, 0, false)
 	}
 }
 
@@ -137,6 +144,7 @@ type leaseOp struct {
 	op         Op
 	max, share uint64
 	ttl, mark  int64
+	strict     bool // zero hits are refused while the limit is over (stepWith)
 }
 
 // taken returns what a bucket's request of hits takes when avail remain:

@@ -38,13 +38,7 @@ func leaseFigures(rng *rand.Rand, l Limit) error {
 	}
 	var marks []int64
 	for i := range 300 {
-		switch rng.IntN(10) {
-		case 0:
-		case 1:
-			at += rng.Int64N(3 * w)
-		default:
-			at += rng.Int64N(w/4 + 1)
-		}
+		at = tick(rng, at, w)
 		now := time.UnixMicro(at)
 		r := Request{Limit: l, Hits: rng.Uint64N(4)}
 		switch rng.IntN(3) {

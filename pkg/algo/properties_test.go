@@ -37,13 +37,7 @@ func randomRun(rng *rand.Rand, l Limit, n int) []event {
 	w := l.Window.Microseconds()
 	events := make([]event, 0, n)
 	for range n {
-		switch rng.IntN(10) {
-		case 0: // same instant
-		case 1: // an idle gap
-			at += rng.Int64N(3 * w)
-		default:
-			at += rng.Int64N(w/4 + 1)
-		}
+		at = tick(rng, at, w)
 		hits := rng.Uint64N(4)
 		if rng.IntN(20) == 0 {
 			hits = l.capacity() + 1
@@ -61,6 +55,19 @@ func randomRun(rng *rand.Rand, l Limit, n int) []event {
 		events = append(events, e)
 	}
 	return events
+}
+
+// tick returns the instant after at, in µs, of a random sequence under a
+// window of w µs: mostly a fraction of a window later, sometimes the same
+// instant, sometimes after an idle gap of up to three windows.
+func tick(rng *rand.Rand, at, w int64) int64 {
+	switch rng.IntN(10) {
+	case 0: // the same instant
+		return at
+	case 1: // an idle gap
+		return at + rng.Int64N(3*w)
+	}
+	return at + rng.Int64N(w/4+1)
 }
 
 func clone(s State) State {

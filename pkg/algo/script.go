@@ -125,17 +125,20 @@ func AppendRequestArgs(dst []any, reqs []Request) []any {
 		if r.Peek {
 			f |= 2
 		}
+		if r.Counting() {
+			f |= 4
+		}
 		dst = append(dst, limitArg(r.Limit), strconv.FormatUint(r.Hits, 10), flagsArg(r, f))
 	}
 	return dst
 }
 
-// flagsArg formats a request's flags argument: the digit f of its shadow
-// and peek flags, then for a take " t MAX SHARE TTL_US", for a give
+// flagsArg formats a request's flags argument: the digit f of its shadow,
+// peek and count flags, then for a take " t MAX SHARE TTL_US", for a give
 // " g MARK" and for a [Plain] fixed window " w AT_US TTL_S". A take the script would decide as a plain request (see
 // [Apply]) is sent as one.
 func flagsArg(r *Request, f int) string {
-	digit := "0123"[f : f+1]
+	digit := "01234567"[f : f+1]
 	leasable := r.Limit.Algorithm.Leasable()
 	switch {
 	case r.Op == OpTake && leasable && !r.Peek && r.Lease.TTL > 0:

@@ -14,25 +14,34 @@ import (
 //
 // now must be after the Unix epoch: a zero State means "never seen".
 func Step(s *State, now time.Time, l Limit, hits uint64) Decision {
+	return stepWith(s, now, l, hits, false)
+}
+
+// stepWith is [Step]. With strict, zero hits are refused while the limit is
+// over, holding more than it admits (hits counted beyond what remains,
+// see [Counted]), until it no longer is: the zero hits of a request that
+// counts ([Request.Count]), a check before a cost, which
+// envoyproxy/ratelimit refuses once its count is past the limit.
+func stepWith(s *State, now time.Time, l Limit, hits uint64, strict bool) Decision {
 	if l.Check() != nil {
 		return Decision{RetryAfter: Never}
 	}
 	t := now.UnixMicro()
 	switch l.Algorithm {
 	case FixedWindow:
-		return fixedWindow(s, t, l, hits)
+		return fixedWindow(s, t, l, hits, strict)
 	case SlidingWindowLog:
-		return slidingWindowLog(s, t, l, hits)
+		return slidingWindowLog(s, t, l, hits, strict)
 	case SlidingWindowCounter:
-		return slidingWindowCounter(s, t, l, hits)
+		return slidingWindowCounter(s, t, l, hits, strict)
 	case TokenBucket:
-		return tokenBucket(s, t, l, hits)
+		return tokenBucketOp(s, t, l, hits, leaseOp{strict: strict})
 	case LeakyBucket:
-		return leakyBucket(s, t, l, hits)
+		return leakyBucket(s, t, l, hits, strict)
 	case GCRA:
-		return gcra(s, t, l, hits)
+		return gcraOp(s, t, l, hits, leaseOp{strict: strict})
 	case BurstFill:
-		return burstFill(s, t, l, hits)
+		return burstFill(s, t, l, hits, strict)
 	case Concurrency:
 		return concurrency(s, t, &Request{Limit: l, Hits: hits})
 	default:

@@ -12,7 +12,7 @@ import (
 // (seed 001's script refilled when the elapsed time was zero). A clock that
 // steps back keeps counting a window that started up to W in its future;
 // a window further ahead is void.
-func burstFill(s *State, now int64, l Limit, hits uint64) Decision {
+func burstFill(s *State, now int64, l Limit, hits uint64, strict bool) Decision {
 	w := windowMicros(l)
 	n := min(l.Requests, math.MaxInt64)
 	start, used := now, uint64(0)
@@ -24,14 +24,15 @@ func burstFill(s *State, now int64, l Limit, hits uint64) Decision {
 	if used > 0 {
 		d.ResetAfter = micros(start + w - now)
 	}
+	over := strict && used > n
 	switch {
-	case hits == 0:
+	case hits == 0 && !over:
 		d.Allowed = true
 		return d
 	case hits > n:
 		d.RetryAfter = Never
 		return d
-	case hits > remaining:
+	case hits > remaining || over:
 		d.RetryAfter = micros(start + w - now)
 		return d
 	}
@@ -45,7 +46,7 @@ func burstFill(s *State, now int64, l Limit, hits uint64) Decision {
 // Entries at or before now−W have expired. A clock that steps back finds
 // entries in its future: those up to W ahead still count, until they
 // expire W after their instant; entries further ahead are void.
-func slidingWindowLog(s *State, now int64, l Limit, hits uint64) Decision {
+func slidingWindowLog(s *State, now int64, l Limit, hits uint64, strict bool) Decision {
 	w := windowMicros(l)
 	n := l.Requests
 	log := s.Log
@@ -58,14 +59,15 @@ func slidingWindowLog(s *State, now int64, l Limit, hits uint64) Decision {
 	if len(live) > 0 {
 		d.ResetAfter = micros(live[len(live)-1] + w - now)
 	}
+	over := strict && count > n
 	switch {
-	case hits == 0:
+	case hits == 0 && !over:
 		d.Allowed = true
 		return d
 	case hits > n:
 		d.RetryAfter = Never
 		return d
-	case hits > remaining:
+	case hits > remaining || over:
 		// The same hits fit once the oldest count+hits−n entries expired.
 		d.RetryAfter = micros(live[count+hits-n-1] + w - now)
 		return d
@@ -100,20 +102,10 @@ func slidingWindowLog(s *State, now int64, l Limit, hits uint64) Decision {
 // at a time, exactly as the Lua twin computes it: IEEE 754 rounds each
 // operation the same way in both. A clock that steps back behaves as for
 // [FixedWindow]: a stored window up to one window ahead keeps counting.
-func slidingWindowCounter(s *State, now int64, l Limit, hits uint64) Decision {
+func slidingWindowCounter(s *State, now int64, l Limit, hits uint64, strict bool) Decision {
 	w := windowMicros(l)
 	n := min(l.Requests, math.MaxInt64)
-	start := now - floorMod(now, w)
-	if s.Time > start && s.Time-start <= w {
-		start = s.Time
-	}
-	var prev, curr int64
-	switch s.Time {
-	case start:
-		prev, curr = s.Prev, s.Count
-	case start - w:
-		prev = s.Count
-	}
+	start, prev, curr := counterWindow(s, now, w)
 	elapsed := max(now-start, 0)
 	used := uint64(weighted(prev, elapsed, w) + curr)
 	remaining := n - min(used, n)
@@ -128,14 +120,15 @@ func slidingWindowCounter(s *State, now int64, l Limit, hits uint64) Decision {
 		return 0
 	}
 	d := Decision{Remaining: remaining, ResetAfter: micros(reset(curr))}
+	over := strict && used > n
 	switch {
-	case hits == 0:
+	case hits == 0 && !over:
 		d.Allowed = true
 		return d
 	case hits > n:
 		d.RetryAfter = Never
 		return d
-	case hits > remaining:
+	case hits > remaining || over:
 		// In this window, once the previous window's weight has fallen
 		// enough; else in the next, where this window's count weighs.
 		if room := int64(n) - curr - int64(hits); room >= 0 {
@@ -150,6 +143,20 @@ func slidingWindowCounter(s *State, now int64, l Limit, hits uint64) Decision {
 	curr += int64(hits)
 	*s = State{Time: start, Count: curr, Prev: prev}
 	return Decision{Allowed: true, Remaining: remaining - hits, ResetAfter: micros(reset(curr))}
+}
+
+// counterWindow returns the start of the window of w µs a sliding window
+// counter counts now in (see windowStart), the previous window's count
+// and the current one's.
+func counterWindow(s *State, now, w int64) (start, prev, curr int64) {
+	start = windowStart(s, now, w)
+	switch s.Time {
+	case start:
+		return start, s.Prev, s.Count
+	case start - w:
+		return start, s.Count, 0
+	}
+	return start, 0, 0
 }
 
 // weighted returns ceil(prev × (w−elapsed) / w), the previous window's

@@ -121,6 +121,61 @@ func ParseConsistency(s string) (Consistency, error) {
 	return 0, fmt.Errorf("unknown consistency %q; accepted: exact, leased", s)
 }
 
+// OverLimitHits is a limit's rate_limit.over_limit_hits: what becomes of
+// hits beyond what remains. The zero value, OverLimitDefault, leaves it to
+// the server, whose default is OverLimitDrop natively and OverLimitCount in
+// envoyproxy/ratelimit compatibility mode.
+type OverLimitHits uint8
+
+const (
+	// OverLimitDefault is a limit that does not say: the server decides.
+	OverLimitDefault OverLimitHits = iota
+	// OverLimitDrop refuses hits beyond what remains and counts nothing:
+	// a refused request consumes nothing, and all or nothing holds for
+	// the descriptors of one request.
+	OverLimitDrop
+	// OverLimitCount counts the hits of every request, whatever the
+	// answer: refused hits are counted beyond what remains and the
+	// descriptor is still answered OVER_LIMIT, and a request refused by
+	// another descriptor is counted too, as envoyproxy/ratelimit counts
+	// them. For costs reported after the response (Envoy's
+	// apply_on_stream_done), which are spent whatever the answer.
+	OverLimitCount
+)
+
+// String returns the rule-file name: "drop", "count", or "" for the
+// default.
+func (o OverLimitHits) String() string {
+	switch o {
+	case OverLimitDefault:
+		return ""
+	case OverLimitDrop:
+		return "drop"
+	case OverLimitCount:
+		return "count"
+	}
+	return fmt.Sprintf("over_limit_hits(%d)", uint8(o))
+}
+
+// Or returns o, or def when o is OverLimitDefault.
+func (o OverLimitHits) Or(def OverLimitHits) OverLimitHits {
+	if o == OverLimitDefault {
+		return def
+	}
+	return o
+}
+
+// ParseOverLimitHits returns the behaviour named s: drop or count.
+func ParseOverLimitHits(s string) (OverLimitHits, error) {
+	switch s {
+	case "drop":
+		return OverLimitDrop, nil
+	case "count":
+		return OverLimitCount, nil
+	}
+	return 0, fmt.Errorf("unknown over_limit_hits %q; accepted: drop (refuse and count nothing), count (count the hits anyway, as envoyproxy/ratelimit does)", s)
+}
+
 // Scope is a limit's rate_limit.scope: which requests share its count.
 // The zero value is Region, the default.
 type Scope uint8

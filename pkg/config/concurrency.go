@@ -57,6 +57,10 @@ func (p *parser) concurrency(n *yaml.Node, field string) *Concurrency {
 				ok = false
 			}
 			c.LeaseTTL = d
+		case "over_limit_hits":
+			p.fail(f.key, sub, "a concurrency limit counts slots, not hits: an Acquire takes one slot or is refused, "+
+				"and nothing can be counted beyond max_in_flight; over_limit_hits belongs in rate_limit")
+			ok = false
 		default:
 			p.unknown(f, field, concurrencyFields)
 			ok = false

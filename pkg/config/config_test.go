@@ -669,6 +669,77 @@ descriptors:
 	}
 }
 
+// TestMetadataAsYAML11 reads a descriptor's metadata as
+// envoyproxy/ratelimit's YAML 1.1 parser does (gopkg.in/yaml.v2): plain
+// yes, on, off and their kin are booleans, quoted ones strings, a date
+// the text written, and merge keys expanded.
+func TestMetadataAsYAML11(t *testing.T) {
+	r := parse(t, `
+domain: m
+descriptors:
+  - key: k
+    metadata:
+      flags: {fast: yes, cheap: off, Y: Y, quoted: "yes", mixed: yEs}
+      since: 2024-01-02
+      n: [1, 2.5, ~, 0x10]
+      base: &base {a: 1, b: 2}
+      derived: {<<: *base, b: 3}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)
+	want := map[string]any{
+		"flags":   map[string]any{"fast": true, "cheap": false, "Y": true, "quoted": "yes", "mixed": "yEs"},
+		"since":   "2024-01-02",
+		"n":       []any{1, 2.5, nil, 16},
+		"base":    map[string]any{"a": 1, "b": 2},
+		"derived": map[string]any{"a": 1, "b": 3},
+	}
+	if got := r.Domain("m").Match(&entries{{"k", "v"}}).Metadata; !reflect.DeepEqual(got, want) {
+		t.Errorf("metadata %#v\nwant %#v", got, want)
+	}
+}
+
+// TestOverLimitHits reads rate_limit.over_limit_hits: the server's default
+// when absent, drop or count per limit, per entry of rate_limits.
+func TestOverLimitHits(t *testing.T) {
+	r := parse(t, `
+domain: ai
+descriptors:
+  - key: plain
+    rate_limit: {requests_per_unit: 10, unit: second}
+  - key: tokens
+    rate_limit: {requests_per_unit: 1000, unit: minute, over_limit_hits: count}
+  - key: requests
+    rate_limit: {requests_per_unit: 10, unit: second, over_limit_hits: drop}
+  - key: both
+    rate_limits:
+      - {requests_per_unit: 10, unit: second, algorithm: token_bucket, over_limit_hits: count}
+      - {requests_per_unit: 100, unit: minute}
+`)
+	want := map[string][]OverLimitHits{
+		"plain":    {OverLimitDefault},
+		"tokens":   {OverLimitCount},
+		"requests": {OverLimitDrop},
+		"both":     {OverLimitCount, OverLimitDefault},
+	}
+	for k, os := range want {
+		rule := r.Domain("ai").Match(&entries{{k, "v"}})
+		if rule == nil {
+			t.Fatalf("%s: no rule", k)
+		}
+		for i, o := range os {
+			if got := rule.Limits[i].OverLimitHits; got != o {
+				t.Errorf("%s: limit %d is %v, want %v", k, i, got, o)
+			}
+		}
+	}
+	if got := OverLimitDefault.Or(OverLimitCount); got != OverLimitCount {
+		t.Errorf("the default or count = %v", got)
+	}
+	if got := OverLimitDrop.Or(OverLimitCount); got != OverLimitDrop {
+		t.Errorf("drop or count = %v", got)
+	}
+}
+
 // TestScope reads rate_limit.scope and on_partition: region by default,
 // global with share on a partition unless it says exact-local, per entry
 // of rate_limits, and global with consistency: leased.

@@ -27,8 +27,8 @@ const (
 	domainFields     = "domain, descriptors, failure_mode, name"
 	descriptorFields = "key, value, rate_limit, rate_limits, concurrency, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
 		"share_threshold, quota_mode, metadata"
-	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency, scope, on_partition"
-	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency, scope, on_partition"
+	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency, scope, on_partition, over_limit_hits"
+	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency, scope, on_partition, over_limit_hits"
 	replacesFields   = "name"
 )
 
@@ -293,6 +293,7 @@ type limitBlock struct {
 	node                                           *yaml.Node
 	field                                          string
 	rpu, unit, mult, alg, burst, cons, scope, part *yaml.Node
+	over                                           *yaml.Node
 	lim                                            Limit
 	ok                                             bool // every field given is well-formed
 	listed                                         bool // an entry of rate_limits
@@ -340,6 +341,9 @@ func (p *parser) limitField(b *limitBlock, f mappingField, sub string) bool {
 	case "on_partition":
 		b.part = f.val
 		b.lim.OnPartition, good = keyword(p, f.val, sub, ParsePartition)
+	case "over_limit_hits":
+		b.over = f.val
+		b.lim.OverLimitHits, good = keyword(p, f.val, sub, ParseOverLimitHits)
 	default:
 		return false
 	}
@@ -387,17 +391,88 @@ func (p *parser) replaces(n *yaml.Node, field string) []string {
 	return names
 }
 
+// metadata parses a descriptor's metadata mapping into the values
+// envoyproxy/ratelimit reads from it with gopkg.in/yaml.v2 (YAML 1.1), and
+// sends back in dynamic metadata: see metadataValue.
 func (p *parser) metadata(n *yaml.Node, field string) map[string]any {
 	n = resolve(n)
 	if n.Kind != yaml.MappingNode {
 		p.fail(n, field, "must be a mapping; found %s", describe(n))
 		return nil
 	}
-	var m map[string]any
-	if err := n.Decode(&m); err != nil {
-		p.fail(n, field, "%s", strings.TrimPrefix(err.Error(), "yaml: "))
-	}
+	m, _ := p.metadataValue(n, field).(map[string]any)
 	return m
+}
+
+// yaml11Bools are the plain words YAML 1.1 reads as booleans and YAML 1.2
+// (yaml.v3) as strings.
+var yaml11Bools = map[string]bool{
+	"y": true, "Y": true, "yes": true, "Yes": true, "YES": true, "on": true, "On": true, "ON": true,
+	"n": false, "N": false, "no": false, "No": false, "NO": false, "off": false, "Off": false, "OFF": false,
+}
+
+// metadataValue returns the value of metadata node n: a map[string]any
+// for a mapping (keys as written; merge keys expanded, explicit keys
+// first), an []any for a list, and for a scalar nil, a bool, an int (or
+// a uint64 past int's range), a float64 or a string. As in YAML 1.1, which the reference's parser
+// speaks, the plain words yes, no, on, off, y and n (in any of their
+// cases) are booleans, and a timestamp stays the string it was written as.
+func (p *parser) metadataValue(n *yaml.Node, field string) any {
+	n = resolve(n)
+	if (n.Kind == yaml.MappingNode || n.Kind == yaml.SequenceNode) && !p.charge(n, len(n.Content)) {
+		return nil // aliases expanding past maxNodes: the file is refused
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		m := make(map[string]any, len(n.Content)/2)
+		var merged []*yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := resolve(n.Content[i])
+			if k.Tag == "!!merge" {
+				src := resolve(n.Content[i+1])
+				if src.Kind == yaml.SequenceNode {
+					merged = append(merged, src.Content...)
+				} else {
+					merged = append(merged, src)
+				}
+				continue
+			}
+			m[k.Value] = p.metadataValue(n.Content[i+1], joinField(field, k.Value))
+		}
+		for _, src := range merged {
+			if sm, ok := p.metadataValue(src, field).(map[string]any); ok {
+				for k, v := range sm {
+					if _, set := m[k]; !set {
+						m[k] = v
+					}
+				}
+			}
+		}
+		return m
+	case yaml.SequenceNode:
+		l := make([]any, len(n.Content))
+		for i, item := range n.Content {
+			l[i] = p.metadataValue(item, fmt.Sprintf("%s[%d]", field, i))
+		}
+		return l
+	case yaml.ScalarNode:
+		switch n.Tag {
+		case "!!null":
+			return nil
+		case "!!bool", "!!int", "!!float":
+			var v any
+			if err := n.Decode(&v); err != nil {
+				p.fail(n, field, "%s", strings.TrimPrefix(err.Error(), "yaml: "))
+			}
+			return v
+		case "!!str":
+			if b, ok := yaml11Bools[n.Value]; ok && n.Style == 0 {
+				return b
+			}
+		}
+		return n.Value
+	}
+	return nil
 }
 
 // mappingField is one key: value pair of a mapping.

@@ -264,6 +264,10 @@ type Limit struct {
 	// global limit while it cannot hear a peer region.
 	Scope       Scope
 	OnPartition Partition
+	// OverLimitHits says what becomes of hits beyond what remains: counted
+	// anyway, or refused and dropped; the zero value leaves it to the
+	// server's default.
+	OverLimitHits OverLimitHits
 }
 
 // Capacity returns the limit's bucket capacity: Burst, or RequestsPerUnit

@@ -115,7 +115,7 @@ func (p *parser) checkRateLimit(b *limitBlock, unlimited bool) bool {
 	for _, c := range []struct {
 		n    *yaml.Node
 		name string
-	}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}, {b.cons, "consistency"}, {b.scope, "scope"}, {b.part, "on_partition"}} {
+	}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}, {b.cons, "consistency"}, {b.scope, "scope"}, {b.part, "on_partition"}, {b.over, "over_limit_hits"}} {
 		if c.n != nil {
 			p.fail(c.n, b.field+"."+c.name, "must not be set together with unlimited: true; an unlimited rule counts nothing")
 			ok = false

@@ -194,6 +194,9 @@ type ExplainLimit struct {
 	Burst uint64 `json:"burst,omitempty"`
 	// Consistency is "exact" or "leased" (rate_limit.consistency).
 	Consistency string `json:"consistency"`
+	// OverLimitHits is "drop" or "count": what becomes of hits beyond
+	// what remains (rate_limit.over_limit_hits, else the server's).
+	OverLimitHits string `json:"overLimitHits"`
 }
 
 // ExplainLease is what the replica that answered holds of a leased
@@ -329,7 +332,7 @@ func (s *Service) explain(ctx context.Context, req *rlsv3.RateLimitRequest) *Exp
 		}
 		if c.override != nil {
 			ed.Result = ExplainOverride
-			ed.Override = overrideExplained(c.override)
+			ed.Override = overrideExplained(c.override, s.overLimit)
 			ed.Why = []string{fmt.Sprintf("the descriptor carries its own limit (%s): it is counted under it, in a counter of its own, and the rules are not consulted",
 				limitText(*ed.Override))}
 			continue
@@ -339,7 +342,7 @@ func (s *Service) explain(ctx context.Context, req *rlsv3.RateLimitRequest) *Exp
 		ed.Levels = levelsExplained(x.Steps)
 		ed.Why = x.Why()
 		if c.rule != nil {
-			ed.Rule = ruleExplained(c.rule)
+			ed.Rule = ruleExplained(c.rule, s.overLimit)
 		}
 		switch c.kind {
 		case noMatch:
@@ -563,7 +566,9 @@ func levelsExplained(steps []config.Step) []ExplainLevel {
 	return out
 }
 
-func ruleExplained(r *config.Rule) *ExplainRule {
+// ruleExplained describes rule r; overLimit is the server's
+// over_limit_hits, for the limits that do not say.
+func ruleExplained(r *config.Rule, overLimit config.OverLimitHits) *ExplainRule {
 	er := &ExplainRule{
 		ID: r.ID, Name: r.Name, File: r.File, Line: r.Line,
 		Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, Replaces: r.Replaces,
@@ -579,6 +584,7 @@ func ruleExplained(r *config.Rule) *ExplainRule {
 			UnitMultiplier:  max(l.UnitMultiplier, 1),
 			Algorithm:       l.Algorithm.String(),
 			Consistency:     l.Consistency.String(),
+			OverLimitHits:   l.OverLimitHits.Or(overLimit).String(),
 		}
 		if l.Algorithm.UsesBurst() {
 			el.Burst = l.Capacity()
@@ -588,7 +594,7 @@ func ruleExplained(r *config.Rule) *ExplainRule {
 	return er
 }
 
-func overrideExplained(o *rlv3.RateLimitDescriptor_RateLimitOverride) *ExplainLimit {
+func overrideExplained(o *rlv3.RateLimitDescriptor_RateLimitOverride, overLimit config.OverLimitHits) *ExplainLimit {
 	l := overrideLimit(o)
 	el := &ExplainLimit{
 		RequestsPerUnit: o.RequestsPerUnit,
@@ -596,6 +602,7 @@ func overrideExplained(o *rlv3.RateLimitDescriptor_RateLimitOverride) *ExplainLi
 		UnitMultiplier:  1,
 		Algorithm:       l.Algorithm.String(),
 		Consistency:     config.Exact.String(),
+		OverLimitHits:   overLimit.String(),
 	}
 	if m := o.GetUnitMultiplier(); m != nil {
 		el.UnitMultiplier = m.Value
@@ -619,6 +626,9 @@ func limitText(l ExplainLimit) string {
 	}
 	if l.Consistency == config.Leased.String() {
 		b.WriteString(", leased")
+	}
+	if l.OverLimitHits == config.OverLimitCount.String() {
+		b.WriteString(", over-limit hits counted")
 	}
 	b.WriteByte(')')
 	if l.Name != "" {

@@ -280,8 +280,8 @@ func TestExplainRuleFields(t *testing.T) {
 	want := &ExplainRule{
 		ID: "shop.tenant.plan_free", Name: "free_per_second", File: "shop.yaml", Line: 23,
 		Limits: []ExplainLimit{
-			{Name: "free_per_second", RequestsPerUnit: 1, Unit: "SECOND", UnitMultiplier: 1, Algorithm: "fixed_window", Consistency: "exact"},
-			{Name: "free_per_hour", RequestsPerUnit: 100, Unit: "HOUR", UnitMultiplier: 1, Algorithm: "token_bucket", Burst: 20, Consistency: "exact"},
+			{Name: "free_per_second", RequestsPerUnit: 1, Unit: "SECOND", UnitMultiplier: 1, Algorithm: "fixed_window", Consistency: "exact", OverLimitHits: "drop"},
+			{Name: "free_per_hour", RequestsPerUnit: 100, Unit: "HOUR", UnitMultiplier: 1, Algorithm: "token_bucket", Burst: 20, Consistency: "exact", OverLimitHits: "drop"},
 		},
 	}
 	if got := resp.Descriptors[0].Rule; !reflect.DeepEqual(got, want) {
@@ -327,7 +327,7 @@ func TestExplainOverride(t *testing.T) {
 	d.HitsAddend = wrapperspb.UInt64(4)
 	resp := explainOK(t, svc, &rlsv3.RateLimitRequest{Domain: "shop", Descriptors: []*rlv3.RateLimitDescriptor{d}})
 	ed := resp.Descriptors[0]
-	wantLimit := &ExplainLimit{RequestsPerUnit: 3, Unit: "HOUR", UnitMultiplier: 2, Algorithm: "fixed_window", Consistency: "exact"}
+	wantLimit := &ExplainLimit{RequestsPerUnit: 3, Unit: "HOUR", UnitMultiplier: 2, Algorithm: "fixed_window", Consistency: "exact", OverLimitHits: "drop"}
 	if ed.Result != ExplainOverride || ed.Rule != nil || len(ed.Levels) != 0 || ed.Hits != 4 ||
 		!reflect.DeepEqual(ed.Override, wantLimit) || !slices.Equal(ed.Keys, []string{"4:shop=7:user_id2:42|fixed_window/7200s"}) {
 		t.Errorf("override %+v", ed)

@@ -1,14 +1,19 @@
 package service
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
 // HeaderStyle selects the rate-limit headers an answer carries: in
@@ -98,10 +103,31 @@ const (
 	// (draft 11 section 6: Retry-After "SHOULD NOT reference a point in
 	// time earlier than the end of the effective window").
 	HeadersStructured
+	// HeadersReference adds the headers envoyproxy/ratelimit adds with
+	// LIMIT_RESPONSE_HEADERS_ENABLED (src/service/ratelimit.go,
+	// shouldRateLimitWorker), for the descriptor it picks, which is not
+	// the one the styles above pick:
+	//
+	//	RateLimit-Limit: 100
+	//	RateLimit-Remaining: 99
+	//	RateLimit-Reset: 48
+	//
+	// The descriptor is, among those whose status has a current_limit
+	// (shadow ones included; not unlimited, unmatched or replaced ones),
+	// the first with the least limit_remaining; but when any descriptor
+	// that is not a quota descriptor is over its limit, the last such one.
+	// RateLimit-Limit is its requests_per_unit, RateLimit-Remaining its
+	// limit_remaining, RateLimit-Reset the whole seconds until the
+	// epoch-aligned window of its unit (× unit_multiplier) ends, whatever
+	// its algorithm, as the reference computes it (utils.CalculateReset).
+	// The names are [HeaderNames]'. Over the limit, Retry-After is added,
+	// as in every style: the reference adds none, and a 429 may carry it
+	// (RFC 6585, section 4).
+	HeadersReference
 )
 
 // headerStyleNames are the styles' names, indexed by style.
-var headerStyleNames = [...]string{"none", "ratelimit", "x-ratelimit", "structured"}
+var headerStyleNames = [...]string{"none", "ratelimit", "x-ratelimit", "structured", "reference"}
 
 // String returns the style's name: none, ratelimit, x-ratelimit or
 // structured.
@@ -113,14 +139,56 @@ func (h HeaderStyle) String() string {
 }
 
 // ParseHeaderStyle returns the style named s: "none", "ratelimit",
-// "x-ratelimit" or "structured".
+// "x-ratelimit", "structured" or "reference".
 func ParseHeaderStyle(s string) (HeaderStyle, error) {
 	for i, name := range headerStyleNames {
 		if s == name {
 			return HeaderStyle(i), nil
 		}
 	}
-	return HeadersNone, fmt.Errorf("unknown response header style %q: want none, ratelimit, x-ratelimit or structured", s)
+	return HeadersNone, fmt.Errorf("unknown response header style %q: want none, ratelimit, x-ratelimit, structured or reference", s)
+}
+
+// HeaderNames are the names of the limit, remaining and reset headers of
+// the styles HeadersRateLimit and HeadersReference (envoyproxy/ratelimit's
+// LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER). An
+// empty name is the default: RateLimit-Limit, RateLimit-Remaining,
+// RateLimit-Reset.
+type HeaderNames struct {
+	Limit, Remaining, Reset string
+}
+
+// withDefaults returns n with every empty name replaced by its default.
+func (n HeaderNames) withDefaults() HeaderNames {
+	n.Limit = cmp.Or(n.Limit, hdrLimit)
+	n.Remaining = cmp.Or(n.Remaining, hdrRemaining)
+	n.Reset = cmp.Or(n.Reset, hdrReset)
+	return n
+}
+
+// Check reports a name that is no HTTP header name (RFC 9110 section
+// 5.1: a token).
+func (n HeaderNames) Check() error {
+	for _, name := range []string{n.Limit, n.Remaining, n.Reset} {
+		if name == "" {
+			continue
+		}
+		for i := 0; i < len(name); i++ {
+			if !isTokenChar(name[i]) {
+				return fmt.Errorf("%q is not an HTTP header name: %q is not a token character", name, name[i])
+			}
+		}
+	}
+	return nil
+}
+
+// isTokenChar reports whether c is a tchar of RFC 9110 section 5.6.2.
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= '0' && c <= '9', c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 // MarshalText returns the style's name, so that a HeaderStyle is a
@@ -242,11 +310,11 @@ func (s *Service) responseHeaders(sc *scratch, p *headerPick, over bool) []*core
 	switch s.headers {
 	case HeadersRateLimit:
 		b = strconv.AppendUint(b, q, 10)
-		h.end(hdrLimit, len(b))
+		h.end(s.headerNames.Limit, len(b))
 		b = strconv.AppendUint(b, d.Remaining, 10)
-		h.end(hdrRemaining, len(b))
+		h.end(s.headerNames.Remaining, len(b))
 		b = strconv.AppendUint(b, reset, 10)
-		h.end(hdrReset, len(b))
+		h.end(s.headerNames.Reset, len(b))
 	case HeadersXRateLimit:
 		b = strconv.AppendUint(b, q, 10)
 		h.end(hdrXLimit, len(b))
@@ -268,6 +336,43 @@ func (s *Service) responseHeaders(sc *scratch, p *headerPick, over bool) []*core
 	}
 	if retry != 0 {
 		b = strconv.AppendUint(b, retry, 10)
+		h.end(hdrRetryAfter, len(b))
+	}
+	return h.headers(b)
+}
+
+// referenceHeaders returns the headers of HeadersReference for the
+// decided request sc whose answer is resp, or nil when no descriptor has
+// a current_limit.
+func (s *Service) referenceHeaders(sc *scratch, resp *rlsv3.RateLimitResponse) []*corev3.HeaderValue {
+	pick, least := -1, uint32(math.MaxUint32)
+	for i, st := range resp.Statuses {
+		if st.CurrentLimit != nil && st.LimitRemaining < least {
+			pick, least = i, st.LimitRemaining
+		}
+		if c := &sc.checks[i]; c.kind == counted && !c.quota && st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			pick, least = i, 0
+		}
+	}
+	if pick < 0 {
+		return nil
+	}
+	st, c := resp.Statuses[pick], &sc.checks[pick]
+	d := &sc.decisions[c.req+mostRestrictive(sc.decisions[c.req:c.req+c.n])]
+	l := st.CurrentLimit
+	unit, _ := config.ParseUnit(l.Unit.String()) // the status's unit, from a rule or an override
+	w := max(int64(unit.Duration()/time.Second), 1) * int64(max(l.GetUnitMultiplier().GetValue(), 1))
+	var arr [128]byte
+	b := arr[:0]
+	var h headerBuilder
+	b = strconv.AppendUint(b, uint64(l.RequestsPerUnit), 10)
+	h.end(s.headerNames.Limit, len(b))
+	b = strconv.AppendUint(b, uint64(st.LimitRemaining), 10)
+	h.end(s.headerNames.Remaining, len(b))
+	b = strconv.AppendInt(b, w-s.now().Unix()%w, 10)
+	h.end(s.headerNames.Reset, len(b))
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && !d.Allowed && d.RetryAfter != algo.Never {
+		b = strconv.AppendUint(b, max(ceilSeconds(d.RetryAfter), 1), 10)
 		h.end(hdrRetryAfter, len(b))
 	}
 	return h.headers(b)

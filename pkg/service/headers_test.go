@@ -41,7 +41,7 @@ func headerLines(hs []*corev3.HeaderValue) string {
 }
 
 func TestParseHeaderStyle(t *testing.T) {
-	for _, h := range []HeaderStyle{HeadersNone, HeadersRateLimit, HeadersXRateLimit, HeadersStructured} {
+	for _, h := range []HeaderStyle{HeadersNone, HeadersRateLimit, HeadersXRateLimit, HeadersStructured, HeadersReference} {
 		got, err := ParseHeaderStyle(h.String())
 		if err != nil || got != h {
 			t.Errorf("ParseHeaderStyle(%q) = %v, %v", h.String(), got, err)
@@ -51,11 +51,11 @@ func TestParseHeaderStyle(t *testing.T) {
 			t.Errorf("text round trip of %v: %q %v -> %v", h, text, err, u)
 		}
 	}
-	if names := []string{HeadersNone.String(), HeadersRateLimit.String(), HeadersXRateLimit.String(), HeadersStructured.String()}; strings.Join(names, " ") != "none ratelimit x-ratelimit structured" {
+	if names := []string{HeadersNone.String(), HeadersRateLimit.String(), HeadersXRateLimit.String(), HeadersStructured.String(), HeadersReference.String()}; strings.Join(names, " ") != "none ratelimit x-ratelimit structured reference" {
 		t.Errorf("names %v", names)
 	}
 	_, err := ParseHeaderStyle("X-RateLimit")
-	if err == nil || !strings.Contains(err.Error(), "none, ratelimit, x-ratelimit or structured") {
+	if err == nil || !strings.Contains(err.Error(), "none, ratelimit, x-ratelimit, structured or reference") {
 		t.Errorf("ParseHeaderStyle(X-RateLimit): %v, want an error listing the styles", err)
 	}
 	if s := HeaderStyle(9).String(); s != "HeaderStyle(9)" {
@@ -66,8 +66,11 @@ func TestParseHeaderStyle(t *testing.T) {
 	}
 	be := memory.New(memory.Options{SweepInterval: -1})
 	defer be.Close()
-	if _, err := New(be, &config.Rules{}, Options{ResponseHeaders: 4}); err == nil || !strings.Contains(err.Error(), "response header style") {
-		t.Errorf("New with style 4: %v", err)
+	if _, err := New(be, &config.Rules{}, Options{ResponseHeaders: 5}); err == nil || !strings.Contains(err.Error(), "response header style") {
+		t.Errorf("New with style 5: %v", err)
+	}
+	if _, err := New(be, &config.Rules{}, Options{HeaderNames: HeaderNames{Reset: "X Reset"}}); err == nil || !strings.Contains(err.Error(), `"X Reset" is not an HTTP header name`) {
+		t.Errorf("New with a header name holding a space: %v", err)
 	}
 }
 
@@ -439,7 +442,7 @@ func BenchmarkResponseHeaders(b *testing.B) {
 		b.Fatal(err)
 	}
 	req := request("messaging", desc("message_type", "marketing", "to_number", "2061111111"), desc("to_number", "2061111111"))
-	for _, h := range []HeaderStyle{HeadersNone, HeadersRateLimit, HeadersXRateLimit, HeadersStructured} {
+	for _, h := range []HeaderStyle{HeadersNone, HeadersRateLimit, HeadersXRateLimit, HeadersStructured, HeadersReference} {
 		b.Run(h.String(), func(b *testing.B) {
 			be := memory.New(memory.Options{})
 			defer be.Close()
@@ -454,5 +457,60 @@ func BenchmarkResponseHeaders(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestReferenceHeaderStyle picks the descriptor as envoyproxy/ratelimit
+// does (src/service/ratelimit.go, shouldRateLimitWorker): the first with
+// the least remaining among those with a current_limit, a shadow one
+// included; the last one over its limit that is no quota descriptor
+// before all; none of an unlimited or unmatched one. The reset is the
+// seconds until the window of the unit (× unit_multiplier) ends, by the
+// service's clock; the names are Options.HeaderNames; Retry-After only
+// over the limit.
+func TestReferenceHeaderStyle(t *testing.T) {
+	rules := `domain: h
+descriptors:
+  - {key: tight, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: other, rate_limit: {unit: minute, requests_per_unit: 3}}
+  - {key: loose, rate_limit: {unit: hour, requests_per_unit: 100}}
+  - {key: ten, rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 5}}
+  - {key: shadow, shadow_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: quota, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 0}}
+  - {key: free, rate_limit: {unlimited: true}}
+`
+	clk := &testClock{}
+	clk.ns.Store(start.Add(12*time.Second + 300*time.Millisecond).UnixNano()) // 12.3 s into a minute
+	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	t.Cleanup(func() { be.Close() })
+	// As in compatibility mode, every hit counts.
+	f := newFixtureOpts(t, rules, be, clk, Options{ResponseHeaders: HeadersReference, Now: clk.Now,
+		HeaderNames: HeaderNames{Limit: "X-L", Remaining: "X-R"}, OverLimitHits: config.OverLimitCount})
+	for i, c := range []struct {
+		ds   []*rlv3.RateLimitDescriptor
+		code rlsv3.RateLimitResponse_Code
+		want string
+	}{
+		{[]*rlv3.RateLimitDescriptor{desc("loose", "a")}, ok, "X-L: 100\nX-R: 99\nRateLimit-Reset: 2748\n"},
+		{[]*rlv3.RateLimitDescriptor{desc("loose", "a"), desc("tight", "a")}, ok, "X-L: 2\nX-R: 1\nRateLimit-Reset: 48\n"},
+		{[]*rlv3.RateLimitDescriptor{desc("tight", "a"), desc("other", "a")}, ok, "X-L: 2\nX-R: 0\nRateLimit-Reset: 48\n"},
+		// tight over: its headers, with Retry-After.
+		{[]*rlv3.RateLimitDescriptor{desc("tight", "a"), desc("other", "a")}, over, "X-L: 2\nX-R: 0\nRateLimit-Reset: 48\nRetry-After: 48\n"},
+		// Both over: the last of them.
+		{[]*rlv3.RateLimitDescriptor{desc("tight", "a"), desc("other", "a"), desc("other", "a")}, over, "X-L: 3\nX-R: 0\nRateLimit-Reset: 48\nRetry-After: 48\n"},
+		{[]*rlv3.RateLimitDescriptor{desc("other", "a"), desc("tight", "a")}, over, "X-L: 2\nX-R: 0\nRateLimit-Reset: 48\nRetry-After: 48\n"},
+		// A shadow rule over its limit, the least remaining: its headers.
+		{[]*rlv3.RateLimitDescriptor{desc("loose", "b"), desc("shadow", "a"), desc("shadow", "a")}, ok, "X-L: 1\nX-R: 0\nRateLimit-Reset: 48\n"},
+		// A quota descriptor over is no refusal: the least remaining, the
+		// first with 0.
+		{[]*rlv3.RateLimitDescriptor{desc("quota", "a"), desc("loose", "c")}, over, "X-L: 0\nX-R: 0\nRateLimit-Reset: 48\n"},
+		// unit_multiplier: the 10-second window ends at 20 s.
+		{[]*rlv3.RateLimitDescriptor{desc("ten", "a")}, ok, "X-L: 5\nX-R: 4\nRateLimit-Reset: 8\n"},
+		{[]*rlv3.RateLimitDescriptor{desc("free", "a"), desc("nothing", "a")}, ok, ""},
+	} {
+		resp := f.call(t, request("h", c.ds...))
+		if got := headerLines(resp.ResponseHeadersToAdd); resp.OverallCode != c.code || got != c.want {
+			t.Errorf("call %d: %v\n%s want %v\n%s", i, resp.OverallCode, got, c.code, c.want)
+		}
 	}
 }

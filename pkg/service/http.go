@@ -139,13 +139,15 @@ func (s *Service) serveRLConfig(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(bw, "# domain %s: failure_mode %s\n", d.Name, d.FailureMode)
 		}
 		for _, rule := range d.Rules() {
-			writeRule(bw, rule)
+			writeRule(bw, rule, s.overLimit)
 		}
 	}
 	bw.Flush()
 }
 
-func writeRule(w io.Writer, r *config.Rule) {
+// writeRule writes rule r's line; overLimit is the server's
+// over_limit_hits, for the limits that do not say.
+func writeRule(w io.Writer, r *config.Rule, overLimit config.OverLimitHits) {
 	if r.Unlimited {
 		fmt.Fprintf(w, "%s: unlimited, shadow_mode: %t", r.ID, r.ShadowMode)
 		if r.Name != "" {
@@ -164,6 +166,9 @@ func writeRule(w io.Writer, r *config.Rule) {
 		}
 		if l.Consistency != config.Exact {
 			fmt.Fprintf(w, ", consistency: %s", l.Consistency)
+		}
+		if o := l.OverLimitHits.Or(overLimit); o == config.OverLimitCount {
+			fmt.Fprintf(w, ", over_limit_hits: %s", o)
 		}
 		if l.UnitMultiplier > 1 {
 			fmt.Fprintf(w, ", unit_multiplier: %d", l.UnitMultiplier)

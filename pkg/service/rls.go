@@ -58,6 +58,9 @@ type scratch struct {
 	keys      []byte
 	keyEnds   []int // keyEnds[i] is the end of reqs[i].Key in keys
 	quotaMode bool  // every rule is in quota mode (Options.QuotaMode)
+	// overLimit is what becomes of hits beyond what remains for limits
+	// that do not say, and for limit overrides (Options.OverLimitHits).
+	overLimit config.OverLimitHits
 	// With reference set (Options.ReferenceKeys), refKeys holds the
 	// reference-layout keys of the requests that have one: refSpans[i]
 	// is where reqs[i].RefKey lies in refKeys, {0, 0} for none.
@@ -83,7 +86,9 @@ func (d *rlsDescriptor) Entry(i int) (string, string) {
 // one atomic batch, each limit of a rule with several limits as a request
 // of its own: either all non-shadow descriptors are within all their
 // limits and all of them are counted, or the answer is OVER_LIMIT and
-// nothing is counted.
+// nothing is counted, but for the limits whose hits count whatever the
+// answer (over_limit_hits: count, see [Options.OverLimitHits]): those are
+// counted either way, past what remains when they are over.
 //
 // With a [HeaderStyle] other than HeadersNone, the response asks Envoy to
 // add rate-limit headers (response_headers_to_add) describing the most
@@ -105,6 +110,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		for i := range resp.Statuses {
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		}
+		if s.dynamicMetadata {
+			resp.DynamicMetadata = dynamicMetadata(req, nil, resp)
+		}
 		return resp, nil
 	}
 
@@ -120,7 +128,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	observe := s.observer != nil && known
 	taken := s.reporter != nil && sc.admitted()
 	var pick headerPick
-	figures := s.headers != HeadersNone && known
+	figures := s.headers != HeadersNone && s.headers != HeadersReference && known
 
 	for i := range sc.checks {
 		c := &sc.checks[i]
@@ -173,26 +181,42 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if pick.d != nil {
 		resp.ResponseHeadersToAdd = s.responseHeaders(sc, &pick, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
 	}
+	if s.headers == HeadersReference && known {
+		resp.ResponseHeadersToAdd = s.referenceHeaders(sc, resp)
+	}
+	if s.dynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, sc.checks, resp)
+	}
 	return resp, nil
 }
 
 // quotaRefuses reports whether the quota descriptors of a decided request
-// refuse it, as envoyproxy/ratelimit's quota mode does: when there is at
-// least one, and every one of them is over its limit. (Quota rules in
-// shadow mode never refuse, and do not count.)
+// refuse it, as envoyproxy/ratelimit's quota mode does
+// (src/service/ratelimit.go, shouldRateLimitWorker): when there is at
+// least one, and every one of them is over its limit. A quota descriptor
+// is one whose rule has quota_mode and, with the service's QuotaMode,
+// every descriptor but those of unlimited rules: one that matched no rule
+// or a replaced rule is a quota descriptor within its limit, and so is a
+// shadow one, whose status is OK even when over.
 func quotaRefuses(sc *scratch) bool {
 	quotas, over := 0, 0
 	for i := range sc.checks {
 		c := &sc.checks[i]
-		if c.kind != counted || !c.quota || c.n == 0 || c.rule != nil && c.rule.ShadowMode {
-			continue
-		}
-		quotas++
-		for _, d := range sc.decisions[c.req : c.req+c.n] {
-			if !d.Allowed {
-				over++
+		switch {
+		case c.kind == unlimited:
+		case c.kind == counted && c.quota:
+			quotas++
+			if c.rule != nil && c.rule.ShadowMode {
 				break
 			}
+			for _, d := range sc.decisions[c.req : c.req+c.n] {
+				if !d.Allowed {
+					over++
+					break
+				}
+			}
+		case sc.quotaMode:
+			quotas++
 		}
 	}
 	return quotas > 0 && over == quotas
@@ -245,7 +269,11 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 		sc.keys = appendDescriptor(sc.keys, req.Domain, d, c.rule)
 		end := len(sc.keys)
 		if c.override != nil {
-			sc.add(overrideLimit(c.override), h, false, false, algo.NotGlobal)
+			// With the service's QuotaMode an override is a quota limit too,
+			// as envoyproxy/ratelimit's global QUOTA_MODE makes every limit.
+			c.quota = sc.quotaMode
+			sc.add(overrideLimit(c.override), h, c.quota, false, algo.NotGlobal)
+			sc.reqs[c.req].Count = sc.overLimit == config.OverLimitCount
 			c.n = 1
 			if sc.reference && referenceOverride(c.override) {
 				sc.setReference(c.req, req.Domain, d, nil)
@@ -263,6 +291,7 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 			}
 			l := &c.rule.Limits[j]
 			sc.add(ruleLimit(l), h, c.rule.ShadowMode || c.quota, l.Consistency == config.Leased, globalOf(l))
+			sc.reqs[len(sc.reqs)-1].Count = l.OverLimitHits.Or(sc.overLimit) == config.OverLimitCount
 		}
 		c.n = len(c.rule.Limits)
 		if sc.reference && ReferenceRule(c.rule) {
@@ -533,6 +562,7 @@ func (s *Service) getScratch(n int) *scratch {
 	sc.keys = sc.keys[:0]
 	sc.keyEnds = sc.keyEnds[:0]
 	sc.quotaMode = s.quotaMode
+	sc.overLimit = s.overLimit
 	sc.reference = s.referenceKeys
 	sc.refKeys = sc.refKeys[:0]
 	sc.refSpans = sc.refSpans[:0]

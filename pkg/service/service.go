@@ -61,6 +61,16 @@ type Options struct {
 	// Envoy to add (response_headers_to_add), and POST /json sends. Default
 	// HeadersNone: none. See [HeaderStyle].
 	ResponseHeaders HeaderStyle
+	// DynamicMetadata has every answer of Envoy's API carry
+	// dynamic_metadata as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA
+	// does: the domain, the descriptors, and the merged metadata of the
+	// rules of the descriptors that passed (see dynamicMetadata), which
+	// Envoy keeps for later filters, such as quota-aware routing.
+	DynamicMetadata bool
+	// HeaderNames names the headers of the styles HeadersRateLimit and
+	// HeadersReference. The zero value names them RateLimit-Limit,
+	// RateLimit-Remaining and RateLimit-Reset.
+	HeaderNames HeaderNames
 	// Leases, when set, tells what this replica holds of the counters of
 	// leased limits (the lease engine in front of the backend): Peek,
 	// Check and POST /explain show it. Nil when nothing is leased.
@@ -74,9 +84,17 @@ type Options struct {
 	// counted and reported (OVER_LIMIT included) as usual; only the
 	// overall code never refuses.
 	ShadowMode bool
-	// QuotaMode decides every rule as one with quota_mode: true
-	// (envoyproxy/ratelimit's QUOTA_MODE).
+	// QuotaMode decides every descriptor but unlimited ones as a quota
+	// descriptor (envoyproxy/ratelimit's QUOTA_MODE): those of rules, as if
+	// each had quota_mode: true, limit overrides, and those that matched
+	// no rule or a replaced rule, which are within their limit.
 	QuotaMode bool
+	// OverLimitHits is what becomes of hits beyond what remains for the
+	// limits whose rule does not say (rate_limit.over_limit_hits) and for
+	// limit overrides: drop (the default) refuses them and counts nothing;
+	// count counts them anyway and still answers OVER_LIMIT, and counts a
+	// request refused by another descriptor, as envoyproxy/ratelimit does.
+	OverLimitHits config.OverLimitHits
 	// ReferenceKeys gives every limit envoyproxy/ratelimit could hold
 	// too (a rule's single fixed window of one unit, exact, or a limit
 	// override of one unit) its key in that implementation's layout as
@@ -109,16 +127,19 @@ type Service struct {
 	failureLog  logLimiter
 	panics      atomic.Uint64 // handler panics recovered; see Panics
 
-	observer       Observer
-	reporter       ReportObserver // observer, when it is one
-	nearLimitRatio float64
-	enableReset    bool
-	headers        HeaderStyle
-	leases         algo.LeaseReader
-	global         algo.GlobalReader
-	shadowMode     bool
-	quotaMode      bool
-	referenceKeys  bool
+	observer        Observer
+	reporter        ReportObserver // observer, when it is one
+	nearLimitRatio  float64
+	enableReset     bool
+	headers         HeaderStyle
+	headerNames     HeaderNames
+	dynamicMetadata bool
+	leases          algo.LeaseReader
+	global          algo.GlobalReader
+	shadowMode      bool
+	quotaMode       bool
+	overLimit       config.OverLimitHits
+	referenceKeys   bool
 }
 
 // New returns a service deciding with backend under rules.
@@ -153,8 +174,14 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 	if !(opts.NearLimitRatio > 0 && opts.NearLimitRatio <= 1) {
 		return nil, fmt.Errorf("service: near-limit ratio %v is not in (0, 1]", opts.NearLimitRatio)
 	}
-	if opts.ResponseHeaders > HeadersStructured {
+	if opts.OverLimitHits > config.OverLimitCount {
+		return nil, fmt.Errorf("service: unknown over_limit_hits %d", opts.OverLimitHits)
+	}
+	if opts.ResponseHeaders > HeadersReference {
 		return nil, fmt.Errorf("service: unknown response header style %d", opts.ResponseHeaders)
+	}
+	if err := opts.HeaderNames.Check(); err != nil {
+		return nil, fmt.Errorf("service: response header names: %w", err)
 	}
 	s := &Service{
 		backend:     backend,
@@ -167,15 +194,18 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		now:         opts.Now,
 		failureLog:  logLimiter{every: failureLogInterval},
 
-		observer:       opts.Observer,
-		nearLimitRatio: opts.NearLimitRatio,
-		enableReset:    opts.EnableReset,
-		headers:        opts.ResponseHeaders,
-		leases:         opts.Leases,
-		global:         opts.Global,
-		shadowMode:     opts.ShadowMode,
-		quotaMode:      opts.QuotaMode,
-		referenceKeys:  opts.ReferenceKeys,
+		observer:        opts.Observer,
+		nearLimitRatio:  opts.NearLimitRatio,
+		enableReset:     opts.EnableReset,
+		headers:         opts.ResponseHeaders,
+		headerNames:     opts.HeaderNames.withDefaults(),
+		dynamicMetadata: opts.DynamicMetadata,
+		leases:          opts.Leases,
+		global:          opts.Global,
+		shadowMode:      opts.ShadowMode,
+		quotaMode:       opts.QuotaMode,
+		overLimit:       opts.OverLimitHits.Or(config.OverLimitDrop),
+		referenceKeys:   opts.ReferenceKeys,
 	}
 	s.reporter, _ = opts.Observer.(ReportObserver)
 	s.rules.Store(rules)

@@ -432,6 +432,49 @@ func TestQuotaMode(t *testing.T) {
 	}
 }
 
+// TestGlobalQuotaModeDescriptors: with the service's QuotaMode (the
+// reference's QUOTA_MODE) every descriptor but an unlimited one is a
+// quota descriptor: one that matched no rule, or a shadow one over its
+// limit, passes, so a rule at 0 beside it does not refuse the request; an
+// unlimited descriptor is none, and a limit override is one.
+func TestGlobalQuotaModeDescriptors(t *testing.T) {
+	rules := `domain: q
+descriptors:
+  - {key: zero, rate_limit: {unit: minute, requests_per_unit: 0}}
+  - {key: shadowzero, shadow_mode: true, rate_limit: {unit: minute, requests_per_unit: 0}}
+  - {key: free, rate_limit: {unlimited: true}}
+`
+	clk := &testClock{}
+	clk.ns.Store(start.UnixNano())
+	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	t.Cleanup(func() { be.Close() })
+	f := newFixtureOpts(t, rules, be, clk, Options{QuotaMode: true})
+	zeroOverride := desc("x", "1")
+	zeroOverride.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_MINUTE}
+	for _, c := range []struct {
+		name string
+		ds   []*rlv3.RateLimitDescriptor
+		want rlsv3.RateLimitResponse_Code
+	}{
+		{"a rule at 0 alone", []*rlv3.RateLimitDescriptor{desc("zero", "a")}, over},
+		{"beside an unmatched descriptor", []*rlv3.RateLimitDescriptor{desc("zero", "a"), desc("nothing", "x")}, ok},
+		{"beside a shadow rule over its limit", []*rlv3.RateLimitDescriptor{desc("zero", "a"), desc("shadowzero", "s")}, ok},
+		{"beside an unlimited rule", []*rlv3.RateLimitDescriptor{desc("zero", "a"), desc("free", "f")}, over},
+		{"an unlimited rule alone", []*rlv3.RateLimitDescriptor{desc("free", "f")}, ok},
+		{"a limit override at 0 alone", []*rlv3.RateLimitDescriptor{zeroOverride}, over},
+		{"a limit override at 0 beside an unmatched descriptor", []*rlv3.RateLimitDescriptor{zeroOverride, desc("nothing", "x")}, ok},
+	} {
+		resp := f.call(t, request("q", c.ds...))
+		if resp.OverallCode != c.want {
+			t.Errorf("%s: %v %v, want %v overall", c.name, resp.OverallCode, resp.Statuses, c.want)
+		}
+		// The descriptor at 0 is told it is over, whatever the request.
+		if k := c.ds[0].Entries[0].Key; (k == "zero" || k == "x") && resp.Statuses[0].Code != over {
+			t.Errorf("%s: the descriptor at 0 answered %v", c.name, resp.Statuses[0].Code)
+		}
+	}
+}
+
 // TestGlobalShadowMode: the service's ShadowMode answers OK overall while
 // each descriptor is decided, counted and reported as usual.
 func TestGlobalShadowMode(t *testing.T) {

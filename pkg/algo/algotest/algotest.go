@@ -59,24 +59,32 @@ type Case struct {
 	Steps []Step
 }
 
-// Run runs every case of [Cases], [LeaseCases] and [ConcurrencyCases]
-// against a fresh subject
-// from newSubject, each case on its own key, one request at a time.
+// Run runs every case of [Cases], [CountCases], [LeaseCases] and
+// [ConcurrencyCases] against a fresh subject from newSubject, each case on
+// its own key, one request at a time.
 func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 	t.Helper()
-	var cs []LeaseCase
-	for _, c := range Cases() {
+	type run struct {
+		LeaseCase
+		count bool // every request counts its hits (CountCases)
+	}
+	var cs []run
+	plain := Cases()
+	for i, c := range append(plain, CountCases()...) {
 		steps := make([]LeaseStep, len(c.Steps))
 		for i, st := range c.Steps {
 			steps[i].Step = st
 		}
-		cs = append(cs, LeaseCase{c.Name, c.Limit, steps})
+		cs = append(cs, run{LeaseCase{c.Name, c.Limit, steps}, i >= len(plain)})
 	}
-	for _, c := range append(append(cs, LeaseCases()...), ConcurrencyCases()...) {
+	for _, c := range append(LeaseCases(), ConcurrencyCases()...) {
+		cs = append(cs, run{LeaseCase: c})
+	}
+	for _, c := range cs {
 		t.Run(c.Limit.Algorithm.String()+"/"+c.Name, func(t *testing.T) {
 			s := newSubject(t)
 			key := []byte(fmt.Sprintf("algotest|%s|%s", c.Limit.Algorithm, c.Name))
-			reqs := []algo.Request{{Key: key, Limit: c.Limit}}
+			reqs := []algo.Request{{Key: key, Limit: c.Limit, Count: c.count}}
 			out := make([]algo.Decision, 1)
 			for i, st := range c.Steps {
 				reqs[0].Hits, reqs[0].Op, reqs[0].Lease, reqs[0].Holder = st.Hits, st.Op, st.Lease, st.Holder
@@ -101,7 +109,7 @@ func RunBatches(t *testing.T, newSubject func(t *testing.T) Subject) {
 			s := newSubject(t)
 			reqs := make([]algo.Request, len(c.Requests))
 			for i, r := range c.Requests {
-				reqs[i] = algo.Request{Key: []byte("algotest|batch|" + c.Name + "|" + r.Key), Limit: r.Limit, Shadow: r.Shadow, Peek: r.Peek}
+				reqs[i] = algo.Request{Key: []byte("algotest|batch|" + c.Name + "|" + r.Key), Limit: r.Limit, Shadow: r.Shadow, Peek: r.Peek, Count: r.Count}
 			}
 			for i, st := range c.Steps {
 				for j := range reqs {
@@ -150,6 +158,7 @@ type BatchRequest struct {
 	Limit  algo.Limit
 	Shadow bool
 	Peek   bool
+	Count  bool
 }
 
 // BatchStep is one batch: Hits[i] for request i at Epoch+At, and the

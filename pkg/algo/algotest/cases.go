@@ -305,33 +305,33 @@ func zeroLimits() []Case {
 }
 
 // BatchCases returns vectors of batches, the contract of
-// [algo.Backend.Decide]: all or nothing, shadow requests, and requests of
-// one batch sharing a key.
+// [algo.Backend.Decide]: all or nothing, shadow requests, requests of one
+// batch sharing a key, and requests that count ([CountBatchCases]).
 func BatchCases() []BatchCase {
 	fw := func(n uint64) algo.Limit { return limit(algo.FixedWindow, n, sec) }
-	return []BatchCase{
-		{"a refusal consumes nothing", []BatchRequest{{"a", fw(5), false, false}, {"b", fw(1), false, false}}, []BatchStep{
+	return append(CountBatchCases(), []BatchCase{
+		{"a refusal consumes nothing", []BatchRequest{{"a", fw(5), false, false, false}, {"b", fw(1), false, false, false}}, []BatchStep{
 			{0, []uint64{2, 1}, []algo.Decision{ok(3, sec), ok(0, sec)}},
 			// b refuses: a reports its state without its own hits.
 			{100 * ms, []uint64{2, 1}, []algo.Decision{ok(3, 900*ms), no(0, 900*ms, 900*ms)}},
 			{200 * ms, []uint64{3, 0}, []algo.Decision{ok(0, 800*ms), ok(0, 800*ms)}},
 		}},
-		{"a shadow refusal refuses nothing", []BatchRequest{{"a", fw(5), false, false}, {"s", fw(1), true, false}}, []BatchStep{
+		{"a shadow refusal refuses nothing", []BatchRequest{{"a", fw(5), false, false, false}, {"s", fw(1), true, false, false}}, []BatchStep{
 			{0, []uint64{1, 1}, []algo.Decision{ok(4, sec), ok(0, sec)}},
 			{0, []uint64{1, 1}, []algo.Decision{ok(3, sec), no(0, sec, sec)}},
 			{0, []uint64{3, 0}, []algo.Decision{ok(0, sec), ok(0, sec)}},
 		}},
 		{"a key twice in a batch sees its earlier hits", []BatchRequest{
-			{"k", limit(algo.SlidingWindowLog, 3, sec), false, false},
-			{"k", limit(algo.SlidingWindowLog, 3, sec), false, false},
+			{"k", limit(algo.SlidingWindowLog, 3, sec), false, false, false},
+			{"k", limit(algo.SlidingWindowLog, 3, sec), false, false, false},
 		}, []BatchStep{
 			{0, []uint64{1, 1}, []algo.Decision{ok(2, sec), ok(1, sec)}},
 			{500 * ms, []uint64{1, 0}, []algo.Decision{ok(0, sec), ok(0, sec)}},
 			{900 * ms, []uint64{1, 0}, []algo.Decision{no(0, 600*ms, 100*ms), ok(0, 600*ms)}},
 		}},
 		{"a peek is decided and stores nothing", []BatchRequest{
-			{"p", limit(algo.GCRA, 4, sec), false, true},
-			{"c", fw(2), false, true},
+			{"p", limit(algo.GCRA, 4, sec), false, true, false},
+			{"c", fw(2), false, true, false},
 		}, []BatchStep{
 			{0, []uint64{2, 1}, []algo.Decision{ok(2, 500*ms), ok(1, sec)}},
 			// The same answer again: the first consumed nothing.
@@ -339,8 +339,8 @@ func BatchCases() []BatchCase {
 			{0, []uint64{5, 3}, []algo.Decision{no(4, 0, algo.Never), no(2, 0, algo.Never)}},
 		}},
 		{"all or nothing across algorithms", []BatchRequest{
-			{"t", limit(algo.TokenBucket, 2, sec), false, false},
-			{"l", limit(algo.SlidingWindowLog, 1, sec), false, false},
+			{"t", limit(algo.TokenBucket, 2, sec), false, false, false},
+			{"l", limit(algo.SlidingWindowLog, 1, sec), false, false, false},
 		}, []BatchStep{
 			{0, []uint64{1, 1}, []algo.Decision{ok(1, 500*ms), ok(0, sec)}},
 			{100 * ms, []uint64{1, 1}, []algo.Decision{ok(1, 400*ms), no(0, 900*ms, 900*ms)}},
@@ -348,5 +348,5 @@ func BatchCases() []BatchCase {
 			// was taken.
 			{100 * ms, []uint64{1, 0}, []algo.Decision{ok(0, 900*ms), ok(0, 900*ms)}},
 		}},
-	}
+	}...)
 }

@@ -8,6 +8,7 @@
 
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
 local NEVER = -1 -- the retry-after of hits that no waiting admits
+local MAX_COUNT = 9007199254740991 -- 2^53 - 1: a window's count saturates there (algo's maxCount)
 
 -- fmt formats an integer exactly; redis.call would format a number with
 -- %.14g and lose the last digits of a microsecond timestamp.
@@ -118,14 +119,25 @@ local function hits_in(r, dus, df, most)
   return k
 end
 
+-- add_count returns c + hits, saturated at MAX_COUNT (algo's addCount).
+local function add_count(c, hits)
+  return min(c + min(hits, MAX_COUNT), MAX_COUNT)
+end
+
 -- algorithms maps a rule-file name to its implementation:
 --   decode(v) -> state             the state of a string key's value v
 --                                  (from the driver's MGET), or
 --   load(key, now, l) -> state     the state stored under key, read by the
 --                                  algorithm itself (a state that is no string)
---   step(s, now, l, hits) -> next, allowed, remaining, reset_us, retry_us, wait_us
+--   step(s, now, l, hits, strict) -> next, allowed, remaining, reset_us, retry_us, wait_us
+--                                  with strict, zero hits are refused while
+--                                  the limit holds more than it admits
+--                                  (algo's stepWith)
 --   store(key, s, now, l, ttl_ms, prev) saves a state that was admitted;
 --                                  prev is the key's state as it stands
+--   count(s, now, l, hits) -> next the state with the hits of a refused
+--                                  request counted beyond what remains
+--                                  (algo's overcount), for l.n > 0
 -- where l = {n = N, w = W in us, b = B, rate = new_rate(N, W) when N > 0}
 -- (see limit_of in decide.lua). step is pure, as algo.Step is: it returns s
 -- itself when the request is refused or hits is 0.

@@ -14,8 +14,9 @@
 --          "ratelimitd: late".
 -- ARGV[3 + 3*(i-1) ...]  request i: its limit "algorithm N W B" (W in us,
 --          >= 1; B the bucket capacity, N when the rule sets none), hits,
---          and flags: "0", "1" shadow, "2" peek (decided, never stored),
---          "3" both; followed, for a lease (algo.OpTake, algo.OpGive), by
+--          and flags: a digit, the sum of 1 shadow, 2 peek (decided, never
+--          stored) and 4 count (hits refused are counted all the same,
+--          algo.Request.Count); followed, for a lease (algo.OpTake, algo.OpGive), by
 --          " t MAX SHARE TTL_US" or " g MARK", as in "0 t 500 8 2000000";
 --          or, for a fixed window kept in envoyproxy/ratelimit's layout
 --          (algo.Plain), by " w AT_US TTL_S": the request is decided at
@@ -34,7 +35,11 @@
 -- then every allowed request but peek ones is stored, with a TTL of its reset-after
 -- rounded up to the millisecond. Otherwise nothing is stored and every
 -- decision describes the state as it stands: allowed requests report it
--- without their hits, refused ones keep their retry-after.
+-- without their hits, refused ones keep their retry-after. Requests that
+-- count (flag 4) are stored either way, a refusal with its hits counted
+-- beyond what remains; in a refused batch they are decided again, in
+-- order, from the states the batch found, each seeing only the earlier
+-- counting requests of its key (algo.Backend).
 --
 -- ARGV[3] = 'batches' asks for several batches in one call, each decided
 -- on its own, all or nothing, in order: ARGV[4] is their number B, ARGV[5]
@@ -165,6 +170,26 @@ local function parse_flags(flags)
   return flags
 end
 
+-- flag tells whether the flag digit f has bit: 1 shadow, 2 peek, 4 count.
+local function flag(f, bit)
+  return floor(tonumber(f) / bit) % 2 == 1
+end
+
+-- overcount counts the hits of a request of limit l refused on the state
+-- s, o its lease op (algo's overcount): it returns the state with them
+-- counted, then the refusal as that state stands: remaining, reset_us,
+-- retry_us. A request that is not counted (algo.Counted: no hits, a limit
+-- of zero, a give or a slot) gets nil.
+local function overcount(l, s, hits, o)
+  local alg = l.alg
+  if hits == 0 or l.n == 0 or alg.count == nil or (o ~= nil and o ~= 't') then
+    return nil
+  end
+  local next = alg.count(s, now, l, hits)
+  local _, _, remaining, reset, retry = alg.step(next, now, l, hits)
+  return next, remaining, reset, retry
+end
+
 -- leases tells whether limit l's algorithm leases (algo.Leasable).
 local function leases(l)
   return not l.alg.slots and (l.alg.op ~= nil or l.alg.give ~= nil)
@@ -181,16 +206,17 @@ local function stores(l, o, hits, taken, allowed, peek)
   return (hits > 0 or taken > 0) and not (o == 'g' and not leases(l))
 end
 
--- apply applies a request of limit l to the state s (algo.Apply): it
--- returns next, allowed, remaining, reset_us, retry_us, wait_us, taken,
--- mark, valid_us. A give of an algorithm that never leases changes
--- nothing, and is not stored.
-local function apply(l, s, hits, o, x, y, z)
+-- apply_op applies a request of limit l to the state s (algo.Apply but
+-- for counting): it returns next, allowed, remaining, reset_us, retry_us,
+-- wait_us, taken, mark, valid_us. A give of an algorithm that never leases
+-- changes nothing, and is not stored. strict is set for the zero hits of a
+-- request that counts (algo's stepWith).
+local function apply_op(l, s, hits, o, x, y, z, strict)
   local alg = l.alg
   if alg.slots then
     return alg.op(s, now, l, hits, o, x)
   elseif o ~= nil and alg.op then
-    return alg.op(s, now, l, hits, o, x, y, z, x)
+    return alg.op(s, now, l, hits, o, x, y, z, x, strict)
   end
   if o == 'g' then
     if alg.give then
@@ -200,7 +226,7 @@ local function apply(l, s, hits, o, x, y, z)
     local _, _, remaining, reset = alg.step(s, now, l, 0)
     return s, true, remaining, reset, 0, 0, 0, 0, 0
   end
-  local next, allowed, remaining, reset, retry, wait = alg.step(s, now, l, hits)
+  local next, allowed, remaining, reset, retry, wait = alg.step(s, now, l, hits, strict)
   if o ~= 't' or not alg.windowed or not allowed then
     return next, allowed, remaining, reset, retry, wait, 0, 0, 0
   end
@@ -211,6 +237,21 @@ local function apply(l, s, hits, o, x, y, z)
     mark, valid = next.t, next.t + l.w - now -- until the window ends
   end
   return next, allowed, remaining, reset, retry, wait, taken, mark, valid
+end
+
+-- apply applies a request of limit l to the state s (algo.Apply): as
+-- apply_op, and for a request that counts (counts, algo's
+-- Request.Counting) and is refused, with its hits counted all the same.
+-- It returns apply_op's values, then whether it counted refused hits.
+local function apply(l, s, hits, o, x, y, z, counts)
+  local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply_op(l, s, hits, o, x, y, z, counts and hits == 0)
+  if not allowed and counts then
+    local c, cr, cs, ct = overcount(l, s, hits, o)
+    if c then
+      return c, false, cr, cs, ct, wait, taken, mark, valid, true
+    end
+  end
+  return next, allowed, remaining, reset, retry, wait, taken, mark, valid, false
 end
 
 -- decide_one decides a batch of one request, KEYS[k] with its arguments at
@@ -233,23 +274,27 @@ local function decide_one(argv, k, a, reply)
   else
     s = load(k, l)
   end
-  local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, s, hits, o, x, y, z)
+  local counts = flag(flags, 4) and (o == nil or o == 't') -- algo's Request.Counting
+  local next, allowed, remaining, reset, retry, wait, taken, mark, valid, counted = apply(l, s, hits, o, x, y, z, counts)
+  local peek = flag(flags, 2)
   local n = #reply
-  if allowed then
-    if stores(l, o, hits, taken, allowed, flags == '2' or flags == '3') then
-      if plain then
-        plain_save(k, next, s, y)
-      else
-        save(k, l, next, reset, s)
-      end
+  if counted and not peek or stores(l, o, hits, taken, allowed, peek) then
+    if plain then
+      plain_save(k, next, s, y)
+    else
+      save(k, l, next, reset, s)
     end
+  end
+  if allowed then
     reply[n + 1] = 1
-  elseif flags == '1' or flags == '3' then
+  elseif flag(flags, 1) then
     reply[n + 1] = 1 -- a shadow refusal refuses nothing
   else
     reply[n + 1] = 0
-    local _
-    _, _, remaining, reset = l.alg.step(s, now, l, 0)
+    if not counted then
+      local _
+      _, _, remaining, reset = l.alg.step(s, now, l, 0)
+    end
     wait = 0
   end
   reply[n + 2], reply[n + 3], reply[n + 4], reply[n + 5], reply[n + 6] = allowed and 1 or 0, remaining, reset, retry, wait
@@ -297,14 +342,17 @@ local function decide_batch(argv, k, count, a, reply)
       current[key] = start[key]
     end
     local cur = current[key]
-    local next, allowed, remaining, reset, retry, wait, taken, mark, valid = apply(l, cur, hits, op, x, y, z)
+    local counts = flag(flags, 4) and (op == nil or op == 't') -- algo's Request.Counting
+    local next, allowed, remaining, reset, retry, wait, taken, mark, valid, counted = apply(l, cur, hits, op, x, y, z, counts)
+    local peek = flag(flags, 2)
     now = call_now
-    local peek = flags == '2' or flags == '3'
-    local r = {l, stores(l, op, hits, taken, allowed, peek), start[key], nil, reset, taken, mark, valid, plain}
-    if allowed then
+    local r = {l, counted and not peek or stores(l, op, hits, taken, allowed, peek), start[key], nil, reset, taken, mark, valid, plain,
+      counts and {hits, peek}}
+    if allowed or counted then
       current[key] = next
       r[4] = next
-    elseif flags ~= '1' and flags ~= '3' then
+    end
+    if not allowed and not flag(flags, 1) then
       reply[o + 1] = 0
     end
     reqs[i] = r
@@ -337,11 +385,42 @@ local function decide_batch(argv, k, count, a, reply)
       end
     end
   else
+    -- Requests that count are decided again, as plain decisions (a take
+    -- leases nothing), from the states the batch found, each key seeing
+    -- the earlier counting requests alone; each key keeps the state its
+    -- last stored one left.
+    local replay, last = {}, {}
     for i = 1, count do
       local r = reqs[i]
-      local _, _, remaining, reset = r[1].alg.step(r[3], r[9] and r[9][1] or now, r[1], 0)
       local p = o + 2 + 5 * (i - 1)
-      reply[p + 1], reply[p + 2], reply[p + 4] = remaining, reset, 0
+      local call_now = now
+      now = r[9] and r[9][1] or now
+      if r[10] then
+        local key, l, hits, peek = keys[k + i - 1], r[1], r[10][1], r[10][2]
+        local s = replay[key] or r[3]
+        local next, allowed, remaining, reset, retry, wait, _, _, _, counted = apply(l, s, hits, nil, nil, nil, nil, true)
+        if allowed or counted then
+          replay[key] = next
+          if counted and not peek or stores(l, nil, hits, 0, allowed, peek) then
+            r[4], r[5], last[key] = next, reset, i
+          end
+        end
+        reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = allowed and 1 or 0, remaining, reset, retry, wait
+      else
+        local _, _, remaining, reset = r[1].alg.step(r[3], now, r[1], 0)
+        reply[p + 1], reply[p + 2], reply[p + 4] = remaining, reset, 0
+      end
+      now = call_now
+    end
+    for i = 1, count do
+      local r = reqs[i]
+      if last[keys[k + i - 1]] ~= i then
+        -- not stored, or a later request of its key is
+      elseif r[9] then
+        plain_save(k + i - 1, r[4], r[3], r[9][2])
+      else
+        save(k + i - 1, r[1], r[4], r[5], r[3])
+      end
     end
   end
 end

@@ -14,8 +14,10 @@ do
     return aus, af
   end
 
-  -- op is token_bucket.lua's op for GCRA.
-  local function op(s, now, l, hits, o, most, share, ttl, mark)
+  -- op is token_bucket.lua's op for GCRA. With o 'c' the TAT moves ahead
+  -- by the emission time of hits that had no room, at most to B + N
+  -- emission times ahead of now (algo's opCount).
+  local function op(s, now, l, hits, o, most, share, ttl, mark, strict)
     if l.n == 0 then
       if o == 'g' or hits == 0 then return s, true, 0, 0, 0, 0, 0, 0, 0 end
       return s, false, 0, 0, NEVER, 0, 0, 0, 0
@@ -47,6 +49,16 @@ do
       tus, tf = later(tus, tf, add(r, now, 0, cu, cf))
     end
     local live = live_leases(h, now)
+    if o == 'c' then
+      local cu, cf = cost(r, min(hits, b + l.n))
+      local nus, nf = add(r, tus, tf, cu, cf)
+      local mus, mf = cost(r, b + l.n)
+      mus, mf = add(r, now, 0, mus, mf)
+      if cmp(nus, nf, mus, mf) > 0 then
+        nus, nf = mus, mf
+      end
+      return {t = nus, f = nf, h = live}
+    end
     -- reset_of returns the time until the TAT is behind now for good.
     local function reset_of(tus, tf, live)
       if live then
@@ -91,7 +103,12 @@ do
       tus, tf = later(tus, tf, now, 0)
       return {t = tus, f = tf, h = live}, true, remaining_of(tus, tf), reset_of(tus, tf, live), 0, 0, 0, 0, 0
     end
-    if hits == 0 and o ~= 't' then
+    local over = false
+    if strict then
+      local aus, af = sub(r, tus, tf, now, 0)
+      over = cmp(aus, af, lim_us, lim_f) > 0
+    end
+    if hits == 0 and o ~= 't' and not over then
       return s, true, remaining, reset, 0, 0, 0, 0, 0
     elseif hits > b then
       return s, false, remaining, reset, NEVER, 0, 0, 0, 0
@@ -116,7 +133,9 @@ do
     return {t = nus, f = nf, h = live}, true, remaining_of(nus, nf), reset_of(nus, nf, live), 0, 0, taken, lmark, valid
   end
 
-  algorithms.gcra = {decode = decode, store = store, op = op, step = function(s, now, l, hits)
-    return op(s, now, l, hits)
+  algorithms.gcra = {decode = decode, store = store, op = op, step = function(s, now, l, hits, strict)
+    return op(s, now, l, hits, nil, nil, nil, nil, nil, strict)
+  end, count = function(s, now, l, hits)
+    return op(s, now, l, hits, 'c')
   end}
 end

@@ -27,19 +27,25 @@ do
     return e
   end
 
-  local decode, store = string_state({'t', 'c', 'p'}, same_window)
-  algorithms.sliding_window_counter = {decode = decode, store = store, step = function(s, now, l, hits)
-    local w, n = l.w, l.n
+  -- window returns the start of the window now counts in, the previous
+  -- window's count and the current one's (algo's counterWindow).
+  local function window(s, now, w)
     local start = now - floor_mod(now, w)
     if s.t > start and s.t - start <= w then
       start = s.t
     end
-    local prev, curr = 0, 0
     if s.t == start then
-      prev, curr = s.p, s.c
+      return start, s.p, s.c
     elseif s.t == start - w then
-      prev = s.c
+      return start, s.c, 0
     end
+    return start, 0, 0
+  end
+
+  local decode, store = string_state({'t', 'c', 'p'}, same_window)
+  algorithms.sliding_window_counter = {decode = decode, store = store, step = function(s, now, l, hits, strict)
+    local w, n = l.w, l.n
+    local start, prev, curr = window(s, now, w)
     local elapsed = max(now - start, 0)
     local used = weighted(prev, elapsed, w) + curr
     local remaining = n - min(used, n)
@@ -51,11 +57,12 @@ do
       end
       return 0
     end
-    if hits == 0 then
+    local over = strict and used > n
+    if hits == 0 and not over then
       return s, true, remaining, reset(curr), 0, 0
     elseif hits > n then
       return s, false, remaining, reset(curr), NEVER, 0
-    elseif hits > remaining then
+    elseif hits > remaining or over then
       local room = n - curr - hits
       if room >= 0 then
         local e = fit_weight(prev, room, elapsed, w)
@@ -68,6 +75,12 @@ do
     curr = curr + hits
     return {t = start, c = curr, p = prev}, true, remaining - hits, reset(curr), 0, 0
   end}
+  -- count counts hits into the current window (algo's
+  -- slidingWindowCounterCount).
+  algorithms.sliding_window_counter.count = function(s, now, l, hits)
+    local start, prev, curr = window(s, now, l.w)
+    return {t = start, c = add_count(curr, hits), p = prev}
+  end
   -- give gives back hits taken in the window starting at mark (algo's
   -- give): they count in that window while it is current, then as the
   -- previous window's. It returns next, remaining, reset_us.

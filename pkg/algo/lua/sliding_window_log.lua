@@ -8,7 +8,9 @@
 --
 -- The loaded state is {key, card, pending}: card live entries in Redis,
 -- pending hits admitted at now by earlier requests of this batch, not yet
--- stored.
+-- stored. A state with hits counted beyond N (count) is marked trim: store
+-- keeps the newest N+1 entries, as algo's slidingWindowLogCount does; the
+-- entries it drops would change no decision.
 do
   -- live_from returns the ZRANGEBYSCORE bounds of the live entries.
   local function live_from(now, w)
@@ -53,7 +55,7 @@ do
       return {key = key, card = redis.call('ZCOUNT', key, lo, hi), pending = 0}
     end,
 
-    step = function(s, now, l, hits)
+    step = function(s, now, l, hits, strict)
       local w, n = l.w, l.n
       local count = s.card + s.pending
       local remaining = n - min(count, n)
@@ -62,18 +64,23 @@ do
       if top then
         reset = top + w - now
       end
-      if hits == 0 then
+      local over = strict and count > n
+      if hits == 0 and not over then
         return s, true, remaining, reset, 0, 0
       elseif hits > n then
         return s, false, remaining, reset, NEVER, 0
-      elseif hits > remaining then
+      elseif hits > remaining or over then
         -- The same hits fit once the oldest count+hits-n entries expired.
         return s, false, remaining, reset, kth(s, now, w, count + hits - n) + w - now, 0
       end
       if top == nil or now > top then
         top = now
       end
-      return {key = s.key, card = s.card, pending = s.pending + hits}, true, remaining - hits, top + w - now, 0, 0
+      return {key = s.key, card = s.card, pending = s.pending + hits, trim = s.trim}, true, remaining - hits, top + w - now, 0, 0
+    end,
+
+    count = function(s, now, l, hits)
+      return {key = s.key, card = s.card, pending = s.pending + min(hits, l.n + 1), trim = true}
     end,
 
     store = function(key, s, now, l, ttl_ms)
@@ -89,6 +96,17 @@ do
           args[#args + 1] = at .. ':' .. fmt(logged + i)
         end
         redis.call('ZADD', key, unpack(args))
+      end
+      if s.trim then
+        -- The oldest entries beyond the newest N+1 (ZREM of named members:
+        -- the documented ACL has no ZREMRANGEBYRANK). Ties order by
+        -- member, as a rank would.
+        local excess = redis.call('ZCOUNT', key, '-inf', '+inf') - l.n - 1
+        while excess > 0 do
+          local old = redis.call('ZRANGEBYSCORE', key, '-inf', '+inf', 'LIMIT', 0, min(excess, 1000))
+          redis.call('ZREM', key, unpack(old))
+          excess = excess - #old
+        end
       end
       redis.call('PEXPIRE', key, fmt(ttl_ms))
     end,

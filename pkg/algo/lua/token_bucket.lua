@@ -67,8 +67,10 @@ do
   -- op decides hits (o nil), takes a lease (o 't', with most, share and
   -- ttl) or gives hits back to the lease ending at mark (o 'g'). It
   -- returns next, allowed, remaining, reset_us, retry_us, wait_us, taken,
-  -- mark, valid_us.
-  local function op(s, now, l, hits, o, most, share, ttl, mark)
+  -- mark, valid_us. With o 'c' it counts hits that had no room into a
+  -- debt of at most N tokens, and returns the state alone (algo's
+  -- opCount).
+  local function op(s, now, l, hits, o, most, share, ttl, mark, strict)
     if l.n == 0 then
       if o == 'g' or hits == 0 then return s, true, 0, 0, 0, 0, 0, 0, 0 end
       return s, false, 0, 0, NEVER, 0, 0, 0, 0
@@ -88,6 +90,10 @@ do
         tokens, lus, lf = refill(r, tokens, lus, lf, b, s.h, now)
       end
     end
+    if o == 'c' then
+      tokens = max(tokens - min(hits, b + l.n), -l.n)
+      return {t = lus, c = tokens, f = lf, h = live}
+    end
     local function full(tokens, live)
       return until_(r, b, tokens, lus, lf, b, live, now)
     end
@@ -102,14 +108,15 @@ do
       if tokens == b then
         return {t = 0, c = 0, f = 0}, true, b, 0, 0, 0, 0, 0, 0
       end
-      return {t = lus, c = tokens, f = lf, h = live}, true, tokens, full(tokens, live), 0, 0, 0, 0, 0
+      return {t = lus, c = tokens, f = lf, h = live}, true, max(tokens, 0), full(tokens, live), 0, 0, 0, 0, 0
     end
-    if hits == 0 and o ~= 't' then
-      return s, true, tokens, reset, 0, 0, 0, 0, 0
+    local remaining = max(tokens, 0) -- tokens < 0: a debt (o 'c')
+    if hits == 0 and o ~= 't' and not (strict and tokens < 0) then
+      return s, true, remaining, reset, 0, 0, 0, 0, 0
     elseif hits > b then
-      return s, false, tokens, reset, NEVER, 0, 0, 0, 0
+      return s, false, remaining, reset, NEVER, 0, 0, 0, 0
     elseif hits > tokens then
-      return s, false, tokens, reset, until_(r, hits, tokens, lus, lf, b, live, now), 0, 0, 0, 0
+      return s, false, remaining, reset, until_(r, hits, tokens, lus, lf, b, live, now), 0, 0, 0, 0
     end
     local taken = bucket_taken(o, hits, tokens, most, share)
     if taken == 0 then
@@ -124,7 +131,9 @@ do
     return {t = lus, c = tokens, f = lf, h = live}, true, tokens, full(tokens, live), 0, 0, taken, lmark, valid
   end
 
-  algorithms.token_bucket = {decode = decode, store = store, op = op, step = function(s, now, l, hits)
-    return op(s, now, l, hits)
+  algorithms.token_bucket = {decode = decode, store = store, op = op, step = function(s, now, l, hits, strict)
+    return op(s, now, l, hits, nil, nil, nil, nil, nil, strict)
+  end, count = function(s, now, l, hits)
+    return op(s, now, l, hits, 'c')
   end}
 end

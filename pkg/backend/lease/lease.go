@@ -41,6 +41,10 @@
 // from the instant before the store was asked, so it ends before the store
 // stops counting it.
 //
+// A request that counts its hits whatever the answer ([algo.Request.Count])
+// spends what its leases cover even when it or its batch is refused, and
+// the store counts what they lack as it counts an exact request's.
+//
 // Liveness, the price: a request may be refused while budget sits unspent
 // in another replica's leases. A replica refuses only after the store
 // refused the missing hits; what it could have used instead is held by
@@ -434,7 +438,9 @@ func (e *Engine) reserve(at int64, reqs []algo.Request, plans []plan) []work {
 		en.inflight++
 		p.en = en
 		e.drop(en.expire(at))
-		p.read = !en.known
+		// A check of zero hits that counts asks the store, which refuses
+		// it while the limit is past what it admits (algo's stepWith).
+		p.read = !en.known || r.Hits == 0 && r.Counting()
 		// Hits reserved by earlier requests of the batch are not held.
 		if r.Peek || r.Hits == 0 {
 			avail := en.held()
@@ -500,7 +506,9 @@ func (e *Engine) settle(at int64, reqs []algo.Request, plans []plan, subOut []al
 			d = &subOut[p.sub]
 		}
 		p.land()
-		spent := admitted && !r.Peek && (d == nil || d.Allowed)
+		// A request that counts (Request.Count) spends what it reserved
+		// whatever the answer; the store counted the rest.
+		spent := !r.Peek && (admitted && (d == nil || d.Allowed) || r.Counting())
 		if !spent {
 			for _, o := range en.unreserve(&p.res) {
 				gives = e.appendGive(gives, en, o.n, o.mark)

@@ -211,6 +211,66 @@ func TestMixedBatchAllOrNothing(t *testing.T) {
 	}
 }
 
+// TestCountedCostsAreSpent decides leased requests that count their hits
+// whatever the answer (over_limit_hits: count): in a refused batch the
+// hits the leases covered are spent, and a cost beyond what remains is
+// counted by the store, so the next request is refused, as it would be
+// without leases.
+func TestCountedCostsAreSpent(t *testing.T) {
+	c := newClock(epoch)
+	store := newStore(t, c)
+	e := newEngine(t, store, c, Options{})
+	hot := algo.Limit{Requests: 1000, Window: time.Minute}
+	tight := algo.Limit{Requests: 3, Window: time.Minute}
+	counted := func(hits uint64) algo.Request {
+		r := leasedReq("hot", hot, hits)
+		r.Count = true
+		return r
+	}
+	for range 200 {
+		c.Add(time.Millisecond)
+		decide(t, e, counted(1))
+		e.Flush(context.Background())
+	}
+	if e.Stats().Held == 0 {
+		t.Fatal("the warm key holds no lease")
+	}
+	exact := algo.Request{Key: []byte("tight"), Limit: tight, Hits: 1}
+	for i := range 5 {
+		c.Add(time.Millisecond)
+		out := decide(t, e, counted(2), exact)
+		if want := i < 3; out[1].Allowed != want {
+			t.Fatalf("batch %d: %+v, want the exact request allowed %v", i, out, want)
+		}
+	}
+	spent := func() uint64 {
+		st, _ := e.LeaseState([]byte("hot"))
+		return hot.Requests - remaining(t, store, leasedReq("hot", hot, 0)) - st.Held
+	}
+	if got, want := spent(), uint64(200+5*2); got != want {
+		t.Errorf("the store counts %d spent, want %d: the 2 refused batches' hits too", got, want)
+	}
+	// A cost beyond what remains: refused, and counted whole.
+	left := hot.Requests - spent()
+	c.Add(time.Millisecond)
+	if d := decide(t, e, counted(left+500))[0]; d.Allowed || d.Remaining != 0 {
+		t.Fatalf("a cost of %d with %d left: %+v, want refused with nothing remaining", left+500, left, d)
+	}
+	e.Flush(context.Background())
+	if got := remaining(t, store, leasedReq("hot", hot, 0)); got != 0 {
+		t.Errorf("the store has %d left after the cost, want 0", got)
+	}
+	c.Add(time.Millisecond)
+	if d := decide(t, e, counted(1))[0]; d.Allowed {
+		t.Fatalf("the request after the cost: %+v, want refused", d)
+	}
+	// A check of zero hits (a request-time check before a cost) is refused
+	// too: the limit is past what it admits.
+	if d := decide(t, e, counted(0))[0]; d.Allowed {
+		t.Fatalf("a zero-hit check after the cost: %+v, want refused", d)
+	}
+}
+
 // TestColdKeyGivesBack lets a warm key go cold: the sweep gives its lease
 // back, and the store has it again.
 func TestColdKeyGivesBack(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -310,12 +311,20 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 		// Nothing is consumed: every decision reports the state as it
 		// stands, not as earlier requests of this batch would have left it.
 		// Refused requests keep their refusal and retry-after.
+		counting := false
 		for i := range reqs {
+			if reqs[i].Counting() {
+				counting = true
+				continue
+			}
 			d := algo.Step(&orig[i], now, reqs[i].Limit, 0)
 			if !out[i].Allowed {
 				d.Allowed, d.RetryAfter = false, out[i].RetryAfter
 			}
 			out[i] = d
+		}
+		if counting {
+			b.count(now, nowUS, reqs, out, orig, next, ents, dups, hashes)
 		}
 	}
 
@@ -324,6 +333,50 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 	}
 	if sc != nil {
 		sc.hashes, sc.locks, sc.orig, sc.next, sc.ents, sc.dups = hashes, locks, orig, next, ents, dups
+	}
+}
+
+// count decides again, in order, the requests of a refused batch that
+// count ([algo.Request.Count]), from the states the batch found (orig),
+// each continuing from the last earlier counting request of its key, and
+// stores what they leave: a refused batch consumes their hits all the
+// same. A take is decided as a plain request: a refused batch leases
+// nothing. next holds the states of the first pass, which count
+// overwrites; ents the entries, which it updates. The shards must be
+// locked.
+func (b *Backend) count(now time.Time, nowUS int64, reqs []algo.Request, out []algo.Decision, orig, next []algo.State, ents []*entry, dups []int32, hashes []uint64) {
+	for i := range reqs {
+		r := reqs[i]
+		if !r.Counting() {
+			continue
+		}
+		j := dups[i]
+		for j >= 0 && !reqs[j].Counting() {
+			j = dups[j]
+		}
+		if j >= 0 {
+			next[i] = next[j]
+		} else {
+			next[i] = orig[i]
+			next[i].Log = slices.Clone(orig[i].Log) // the first pass may have written past its end
+		}
+		if r.Op == algo.OpTake {
+			r.Op = algo.OpDecide
+		}
+		out[i] = algo.Apply(&next[i], now, &r)
+		if !algo.Stores(&r, &out[i]) {
+			continue
+		}
+		// In order: a key keeps the state of its last request.
+		e := ents[i]
+		for j := dups[i]; j >= 0; j = dups[j] {
+			if ents[j] != nil {
+				e = ents[j]
+				break
+			}
+		}
+		sh := &b.shards[hashes[i]&b.mask]
+		ents[i] = sh.store(b, r.Key, e, next[i], nowUS+algo.Keep(&r, &out[i]).Microseconds(), nowUS, reqs)
 	}
 }
 

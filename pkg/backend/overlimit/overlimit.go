@@ -18,6 +18,15 @@
 // remembered nor answered: a slot given back frees it before any refusal's
 // RetryAfter says.
 //
+// A request that counts its hits whatever the answer ([algo.Request.Count])
+// is answered locally only for a fixed window or a burst fill: their
+// refusals last until the window ends, however much more is counted in
+// it, so the hits a local answer leaves uncounted change no decision (as
+// envoyproxy/ratelimit's local cache leaves them uncounted). For the
+// other algorithms what is counted past the limit carries on (a bucket's
+// debt, a count that weighs on the next window), and such a request goes
+// to the inner backend.
+//
 // A refusal of a request whose key already appeared earlier in the same
 // batch is not remembered: the inner backend decided it on top of the
 // earlier request's hits, which a refused batch never consumes.
@@ -186,7 +195,7 @@ func (c *Cache) answer(now int64, reqs []algo.Request, out []algo.Decision) bool
 	for i := range reqs {
 		r := &reqs[i]
 		e, ok := c.m[string(r.Key)]
-		if !ok || r.Op != algo.OpDecide {
+		if !ok || r.Op != algo.OpDecide || r.Count && !fullUntilAdmissible(r.Limit.Algorithm) {
 			return false
 		}
 		if now >= e.admissible {
@@ -204,6 +213,16 @@ func (c *Cache) answer(now int64, reqs []algo.Request, out []algo.Decision) bool
 		}
 	}
 	return true
+}
+
+// fullUntilAdmissible reports whether a refusal of algorithm a leaves the
+// limit refusing whatever more is counted until the refusal's admissible
+// instant: a window's count past N is forgotten when the window ends, the
+// instant its refusals name. Other algorithms carry what is counted past
+// their limit further (a debt, a count that weighs on the next window),
+// so a request that counts them must reach the store.
+func fullUntilAdmissible(a algo.Algorithm) bool {
+	return a == algo.FixedWindow || a == algo.BurstFill
 }
 
 // learn updates the cache from the inner backend's decisions out for reqs,

@@ -107,9 +107,13 @@ func TestGoAndLuaAgree(t *testing.T) {
 							Hits:   rng.Uint64N(4),
 							Shadow: rng.IntN(6) == 0,
 							Peek:   rng.IntN(8) == 0,
+							Count:  rng.IntN(3) == 0,
 						}
-						if rng.IntN(25) == 0 {
+						switch rng.IntN(25) {
+						case 0:
 							reqs[i].Hits = 1 + max(limits[k].Requests, limits[k].Burst)
+						case 1: // a cost that may go past any cap of a count
+							reqs[i].Hits = rng.Uint64N(4 * (1 + limits[k].Requests + limits[k].Burst))
 						}
 						// Leases: takes of a random size, share and TTL, and
 						// gives of hits to a lease taken before (or to none).
@@ -141,9 +145,9 @@ func TestGoAndLuaAgree(t *testing.T) {
 					}
 					for i := range reqs {
 						if got[i] != want[i] {
-							t.Fatalf("run %d step %d at %v, request %d of %d (%s, %+v, %d hits, shadow %v, peek %v, op %d %+v):\n Lua %s\n  Go %s",
+							t.Fatalf("run %d step %d at %v, request %d of %d (%s, %+v, %d hits, shadow %v, peek %v, count %v, op %d %+v):\n Lua %s\n  Go %s",
 								run, step, now.Sub(algotest.Epoch), i, len(reqs), reqs[i].Key, reqs[i].Limit, reqs[i].Hits, reqs[i].Shadow, reqs[i].Peek,
-								reqs[i].Op, reqs[i].Lease, algotest.Format(got[i]), algotest.Format(want[i]))
+								reqs[i].Count, reqs[i].Op, reqs[i].Lease, algotest.Format(got[i]), algotest.Format(want[i]))
 						}
 						if want[i].Mark != 0 {
 							marks[string(reqs[i].Key)] = append(marks[string(reqs[i].Key)], want[i].Mark)

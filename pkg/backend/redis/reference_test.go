@@ -130,6 +130,33 @@ func TestReferenceLayout(t *testing.T) {
 	}
 }
 
+// TestReferenceLayoutCounts counts the refused hits of a request that
+// counts (over_limit_hits: count) with INCRBY on the reference's key, as a
+// reference pod counts every hit: the pods read the same count.
+func TestReferenceLayoutCounts(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	now := time.Unix(1_700_000_000/60*60+30, 0)
+	b := New(c, Options{Prefix: fmt.Sprintf("ref:%d:", time.Now().UnixNano()), Now: func() time.Time { return now }})
+	stem := refKey("rl", "user", "carol")
+	full := b.opts.Prefix + string(stem) + strconv.FormatInt(now.Unix()/60*60, 10)
+	referenceINCR(t, c, b.opts.Prefix, stem, 60, now, 7)
+	req := []algo.Request{{Key: []byte("native"), RefKey: stem, Limit: algo.Limit{Requests: 10, Window: time.Minute}, Hits: 5, Count: true}}
+	out := make([]algo.Decision, 1)
+	if err := b.Decide(ctx, req, out); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Allowed || out[0].Remaining != 0 || out[0].RetryAfter != 30*time.Second {
+		t.Fatalf("5 hits with 3 left, counted: %s; want refused, 0 remaining, retry 30s", algotest.Format(out[0]))
+	}
+	if v, err := c.Get(ctx, full).Int64(); err != nil || v != 12 {
+		t.Fatalf("GET %s = %d, %v; want 12: the refused 5 counted", full, v, err)
+	}
+	if got := referenceINCR(t, c, b.opts.Prefix, stem, 60, now, 1); got != 13 {
+		t.Fatalf("the reference counted on to %d, want 13", got)
+	}
+}
+
 // TestReferenceLayoutOnlyForPlainFixedWindows keeps every other request
 // under its native key: other algorithms, windows of a fraction of a
 // second, leased requests and lease ops.
@@ -199,6 +226,7 @@ func TestGoAndLuaAgreeOnReferenceKeys(t *testing.T) {
 					Hits:   rng.Uint64N(4),
 					Shadow: rng.IntN(6) == 0,
 					Peek:   rng.IntN(8) == 0,
+					Count:  rng.IntN(3) == 0,
 				}
 			}
 			want := make([]algo.Decision, len(reqs))

@@ -590,6 +590,10 @@ func TestLeastPrivilegeACL(t *testing.T) {
 						t.Fatalf("%v hit %d: %+v", a, i+1, out[0])
 					}
 				}
+				// Hits counted past the limit (over_limit_hits: count).
+				if err := b.Decide(ctx, []algo.Request{{Key: k, Limit: l, Hits: 5, Count: true}}, out); err != nil || out[0].Allowed {
+					t.Fatalf("%v, a cost counted past the limit as the least-privileged user: %+v, %v", a, out[0], err)
+				}
 			}
 			// Concurrency slots: taken, refused, given back, kept.
 			slots := algo.Limit{Algorithm: algo.Concurrency, Requests: 2, Window: time.Hour}
