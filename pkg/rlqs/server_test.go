@@ -85,6 +85,12 @@ func start(t *testing.T, opts rlqs.Options) *fixture {
 // startOn starts a server on clock clk, which several fixtures may share.
 func startOn(t *testing.T, opts rlqs.Options, clk *clock) *fixture {
 	t.Helper()
+	return startWith(t, opts, clk)
+}
+
+// startWith is startOn with options for the gRPC server.
+func startWith(t *testing.T, opts rlqs.Options, clk *clock, serverOpts ...grpc.ServerOption) *fixture {
+	t.Helper()
 	if opts.Rules == nil {
 		rules, err := config.Parse(config.File{Name: "quota.yaml", Data: []byte(rulesYAML)})
 		if err != nil {
@@ -93,13 +99,15 @@ func startOn(t *testing.T, opts rlqs.Options, clk *clock) *fixture {
 		opts.Rules = func() *config.Rules { return rules }
 	}
 	opts.Now = clk.Now
-	opts.Logger = slog.New(slog.DiscardHandler)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
 	srv, err := rlqs.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(serverOpts...)
 	srv.Register(gs)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)

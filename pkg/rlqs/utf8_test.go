@@ -2,21 +2,16 @@ package rlqs_test
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimitd/internal/wiretest"
-	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -31,28 +26,10 @@ import (
 // with no_assignment_behavior ALLOW_ALL, every limit of it bypassed by one
 // header.
 func TestBucketIDNotUTF8(t *testing.T) {
-	rules, err := config.Parse(config.File{Name: "quota.yaml", Data: []byte(rulesYAML)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	var logs bytes.Buffer
-	srv, err := rlqs.New(rlqs.Options{Rules: func() *config.Rules { return rules }, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer(service.DecodeOptions()...) // as ratelimitd serves it
-	srv.Register(gs)
-	go gs.Serve(lis)
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	f := startWith(t, rlqs.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, &clock{t: time.Unix(1_700_000_000, 0)},
+		service.DecodeOptions()...) // as ratelimitd serves it
+	srv, clk, conn := f.srv, f.clock, f.conn
 	ctx := ctxT(t)
 	st, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true},
 		"/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas", wiretest.CallOption())
