@@ -50,7 +50,7 @@ fuzz_each = @set -e; for t in $(FUZZ_TARGETS); do \
 .PHONY: test
 test: ## run every test (race detector when a C compiler is present), then each fuzz target for its N inputs
 	@[ -n "$(RACE)" ] || echo "make test: no C compiler for cgo; testing without the race detector"
-	$(GO) test $(RACE) -count=1 ./...
+	$(GO) test $(RACE) -count=1 -timeout 30m ./...
 	$(call fuzz_each,count)
 
 .PHONY: lint
