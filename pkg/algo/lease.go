@@ -190,9 +190,6 @@ func (ls leases) hits() int64 {
 	return n
 }
 
-// end returns the end of the last lease; ls must not be empty.
-func (ls leases) end() int64 { return ls[len(ls)-2] }
-
 // live returns the leases that end after now: ls itself when none ended.
 func (ls leases) live(now int64) leases {
 	i := 0

@@ -45,7 +45,7 @@ func FuzzParse(f *testing.F) {
 					continue
 				}
 				if c := r.Concurrency; c != nil {
-					if c.MaxInFlight < 0 || c.MaxInFlight > MaxInFlight || c.LeaseTTL < MinLeaseTTL || c.LeaseTTL > MaxLeaseTTL {
+					if c.MaxInFlight > MaxInFlight || c.LeaseTTL < MinLeaseTTL || c.LeaseTTL > MaxLeaseTTL {
 						t.Fatalf("accepted rule %s with concurrency %+v, out of bounds", r.ID, c)
 					}
 					if len(r.Limits) == 0 {

@@ -100,18 +100,6 @@ func (en *entry) expire(by int64) (gone [2]slice) {
 	return gone
 }
 
-// usable returns the hits of the slices that may be spent at now.
-func (en *entry) usable(now int64) uint64 {
-	var n uint64
-	if en.cur.deadline > now {
-		n += en.cur.n
-	}
-	if en.next.deadline > now {
-		n += en.next.n
-	}
-	return n
-}
-
 // add holds a new lease g, after the ones held. A replica holds at most
 // two leases of a key: when two are held already (a reservation undone
 // filled a slot again while g was on its way), g is returned, to be given
