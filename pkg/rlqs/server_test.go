@@ -631,3 +631,30 @@ func TestCloseEndsStreams(t *testing.T) {
 		t.Fatalf("after Close: %d pools, %d streams", f.srv.Pools(), f.srv.Streams())
 	}
 }
+
+// TestNewBucketGetsEvenShare: a bucket's first report, which Envoy sends as
+// it creates the bucket (time_elapsed 0, one request), tells no rate: the
+// stream is assigned an even share (alone: the whole limit), not the floor
+// that a measured demand of one request would give. Its next report's rate
+// then decides, the headroom cap included.
+func TestNewBucketGetsEvenShare(t *testing.T) {
+	f := start(t, rlqs.Options{})
+	st := f.rawStream(t)
+	first := usage(1, 0, "name", "acme", "route", "/pay")
+	first.TimeElapsed = durationpb.New(0)
+	resp, err := exchange(t, st, "quota", first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := describe(resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy()); got != "1000/10s max 100" {
+		t.Fatalf("a new bucket's first report: assigned %s, want the whole limit, 1000/10s max 100 (not the floor, 100/10s)", got)
+	}
+	f.clock.Advance(time.Second)
+	resp, err = exchange(t, st, "", usage(5, 0, "name", "acme", "route", "/pay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := describe(resp.BucketAction[0].GetQuotaAssignmentAction().GetRateLimitStrategy()); got != "100/10s max 10" {
+		t.Fatalf("5 requests a second reported: assigned %s, want twice the demand, the floor (100/10s max 10)", got)
+	}
+}

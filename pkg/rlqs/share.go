@@ -280,7 +280,8 @@ type policy struct{ floor, headroom float64 }
 
 // targetOf returns member m's share of the limit: the floor split evenly
 // among the streams, the rest in proportion to demand, and no more than
-// Headroom times the member's own demand (but at least its floor).
+// Headroom times the member's own demand (but at least its floor); an even
+// share while its demand is unknown.
 // Streams and demand are this pool's, or at least gCount streams and
 // gDemand requests per second when the streams of all replicas are
 // counted (with a Budget: see budget.go).
@@ -289,6 +290,13 @@ func (p *pool) targetOf(m *member, pol policy, gCount, gDemand float64) uint64 {
 	total := max(p.demand, gDemand)
 	floorEach := uint64(pol.floor*float64(p.limit)) / n
 	rest := p.limit - floorEach*n
+	if !m.observed {
+		// No rate known yet: a new bucket's first report, sent as Envoy
+		// creates the bucket, counts one request. The even share, not the
+		// floor: a new user is not held to a tenth of its limit until its
+		// next report, 5 s later.
+		return floorEach + rest/n
+	}
 	share := floorEach
 	if total > 0 {
 		share += uint64(math.Floor(float64(rest) * min(m.demand/total, 1)))
