@@ -209,7 +209,8 @@ func leaseTTL(ttl, interval time.Duration, scarce bool) time.Duration {
 //     hungry: its members' targets sum to more than it holds while they
 //     use at least 90% of it and the store showed units nobody holds, so
 //     it takes what the others freed; or it holds more than its targets
-//     by over a quarter, so the excess goes back for the others;
+//     by over a sixteenth (and its assignments in force), so the excess
+//     goes back for the others;
 //   - plentiful, its targets rose by over a quarter of what it holds, or
 //     fell to half: a lease a little off its targets costs nobody
 //     anything while the pool has units to spare.
@@ -228,10 +229,24 @@ func (p *pool) renewal(contended bool) bool {
 	if p.target > held && l.free > 0 && p.demand*float64(p.period) >= 0.9*float64(held) {
 		return true
 	}
-	if held > p.target+p.target/4 {
+	// With little free in the store, another replica may be short of its
+	// targets by what this one holds beyond its own (held over from before
+	// demand moved): that goes back, past a sixteenth of what it needs
+	// (its targets, or its assignments in force where they are kept above
+	// them), so that the replicas' leases settle at their targets rather
+	// than within a quarter of them.
+	if p.surplus() {
 		return true
 	}
 	return drifted(uint64(p.n), l.leases[2].hits) || drifted(announced(p.demand), l.leases[1].hits)
+}
+
+// surplus reports whether the pool's lease holds more than it needs, its
+// targets or its assignments in force where they are kept above them, by
+// over a sixteenth (and one).
+func (p *pool) surplus() bool {
+	need := max(p.target, p.assigned)
+	return p.lease.held() > need+need/16+1
 }
 
 // drifted reports whether now differs from was by over an eighth (and one).

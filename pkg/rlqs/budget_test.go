@@ -277,3 +277,63 @@ func TestPlentifulRenewalBehindTheAnswer(t *testing.T) {
 	}
 	t.Fatal("no renewal within 12 reports of a lease that lasts at most 9.5")
 }
+
+// TestSharesFollowDemandAtEnvoyPhases: two replicas on one store, two
+// simulated Envoys on each, reporting every 5 s at phases of their own as
+// real Envoys do, offer 50/s each to 100/s, then 90, 10, 90, 10: within 3
+// report periods the busy ones hold about 43 and the quiet ones about 7,
+// for each of 40 seeds of the phases. (A replica that kept its lease
+// within a quarter over its targets, or a stream kept above its target
+// while another replica's was short, once left a busy Envoy at 25–35 for
+// good, in 2 seeds of 40.)
+func TestSharesFollowDemandAtEnvoyPhases(t *testing.T) {
+	const period = 500 // 10 ms steps
+	for seed := range uint64(40) {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		clk := &clock{t: time.Unix(1_700_000_000, 0)}
+		store := memory.New(memory.Options{Now: clk.Now})
+		r1 := startOn(t, rlqs.Options{Budget: store}, clk)
+		r2 := startOn(t, rlqs.Options{Budget: store}, clk)
+		clients := []*rlqssim.Client{r1.sim(t), r1.sim(t), r2.sim(t), r2.sim(t)}
+		phase := make([]int, len(clients))
+		for i := range phase {
+			phase[i] = rng.IntN(period)
+		}
+		rates := []float64{50, 50, 50, 50}
+		owed := make([]float64, len(clients))
+		step := 0
+		run := func(steps int) {
+			for range steps {
+				clk.Advance(10 * time.Millisecond)
+				for i, c := range clients {
+					for owed[i] += rates[i] / 100; owed[i] >= 1; owed[i]-- {
+						c.Allow(acmeBucket)
+					}
+					if err := c.Sync(ctxT(t)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for i, c := range clients {
+					if (step+phase[i])%period == 0 {
+						quiet(t, clients...)
+						if err := c.Report(ctxT(t)); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				step++
+			}
+		}
+		run(6 * period)
+		rates = []float64{90, 10, 90, 10}
+		run(3*period + period/2)
+		s, sum := settled(clients...)
+		if s[0] < 35 || s[2] < 35 || s[1] > 12 || s[3] > 12 || overLimit(sum, 100) {
+			e1, _ := r1.srv.Explain(t.Context(), "quota", acmeBucket)
+			e2, _ := r2.srv.Explain(t.Context(), "quota", acmeBucket)
+			t.Errorf("seed %d, phases %v: 3.5 report periods after demand went to 90, 10, 90, 10 the shares are %v (sum %v), want about 43, 7, 43, 7\nreplica 1: %+v %+v\nreplica 2: %+v %+v",
+				seed, phase, s, sum, e1.Replica.Members, e1.Replica.Lease, e2.Replica.Members, e2.Replica.Lease)
+		}
+		store.Close()
+	}
+}

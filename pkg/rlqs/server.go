@@ -802,7 +802,7 @@ func (s *Server) rebalance(c *call) {
 		// A small shortfall is pushed only when units nobody holds appeared
 		// (a stream ended, a replica gave back): it is otherwise the
 		// rounding of targets that sum a little over the limit.
-		short := m.assigned < t && t-m.assigned <= room && (l.free > 0 || t-m.assigned > t/8) && !keeps(t, m.assigned)
+		short := m.assigned < t && t-m.assigned <= room && (l.free > 0 || t-m.assigned > t/8) && !keeps(t, m.assigned, true)
 		if !drifted(t, m.target) && !short {
 			continue
 		}
@@ -921,6 +921,11 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		// wait for the store only for a pool's first lease, or one lost.
 		a := p.assign(m, l.held(), math.MaxUint64, until)
 		switch {
+		case contended && p.surplus():
+			// This assignment left the lease holding more than the pool
+			// needs, which another replica may be short of: it goes back
+			// now, behind the answer, rather than at the next report.
+			p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}, true, now, batch, calls)
 		case contended && !now.Before(l.next):
 			p.read(m, now, b.interval, batch, calls)
 		case !contended && !l.backs(p.limit, now.Add(renewEarly*b.interval)):

@@ -326,8 +326,8 @@ func (p *pool) retarget(m *member, pol policy, gCount, gDemand float64) uint64 {
 // budget.
 //
 // An assignment in force is kept rather than lowered by less than an
-// eighth, when it fits, or raised by less than a thirty-second
-// (hysteresis): Envoy keeps the tokens of a bucket assigned again
+// eighth (a thirty-second where the budget is tight, below), when it fits,
+// or raised by less than a thirty-second (hysteresis): Envoy keeps the tokens of a bucket assigned again
 // unchanged, but starts a changed one anew, full, so every change may
 // admit a bucket's max_tokens on top of the rates (docs/rlqs.md, the
 // bound). Shares that wobble with demand thus settle near the top of
@@ -340,7 +340,13 @@ func (p *pool) assign(m *member, budget, cap uint64, until time.Time) uint64 {
 		free = budget - others
 	}
 	a := min(m.target, cap, free)
-	if old := m.assigned; keeps(a, old) && old <= min(cap, free) {
+	// Where the budget is claimed whole (the targets sum to all of it, or
+	// the store showed it contended), an assignment kept above its target
+	// is taken from a stream short of its own, here or on another replica
+	// (whose lease cannot grow while this one holds the surplus): it is
+	// then kept only within a thirty-second, as a rise is.
+	tight := p.target >= budget || p.lease.contended(p.limit)
+	if old := m.assigned; keeps(a, old, tight) && old <= min(cap, free) {
 		a = old
 	}
 	p.assigned += a - m.assigned
@@ -349,14 +355,17 @@ func (p *pool) assign(m *member, budget, cap uint64, until time.Time) uint64 {
 }
 
 // keeps reports whether an assignment of old in force is kept rather than
-// replaced by one of a: a is lower, above 0, by less than an eighth, or
-// higher by less than a thirty-second.
-func keeps(a, old uint64) bool {
+// replaced by one of a: a is lower, above 0, by less than an eighth (a
+// thirty-second where the budget is tight), or higher by less than a
+// thirty-second.
+func keeps(a, old uint64, tight bool) bool {
 	switch {
 	case a == 0 || old == 0 || a == old:
 		return false
-	case a < old:
+	case a < old && !tight:
 		return 8*(old-a) < old
+	case a < old:
+		return 32*(old-a) < old
 	}
 	return 32*(a-old) < old
 }

@@ -91,12 +91,13 @@ func TestStrategyReplacesEnvoysBucket(t *testing.T) {
 // TestHysteresis: an assignment in force is kept rather than lowered by
 // less than an eighth or raised by less than a thirty-second (Envoy keeps
 // its bucket and tokens), changed by more, and not kept when it no longer
-// fits the budget.
+// fits the budget. Where the budget is claimed whole (another stream's
+// target needs what it keeps), it is kept only within a thirty-second.
 func TestHysteresis(t *testing.T) {
 	now := time.Unix(0, 0)
+	until := now.Add(time.Minute)
 	p := newPool(10, 1000)
 	m := p.join(1, nil)
-	until := now.Add(time.Minute)
 	for _, c := range []struct {
 		target, budget, want uint64
 	}{
@@ -107,10 +108,41 @@ func TestHysteresis(t *testing.T) {
 		{350, 1000, 350}, // −14.6%: sent
 		{320, 330, 320},  // −8.6%, but the budget leaves 330: lowered to the target
 	} {
-		m.target = c.target
+		m.target, p.target = c.target, c.target
 		if got := p.assign(m, c.budget, math.MaxUint64, until); got != c.want || p.assigned != c.want {
 			t.Fatalf("target %d, budget %d: assigned %d (pool %d), want %d", c.target, c.budget, got, p.assigned, c.want)
 		}
+	}
+
+	// Two streams claim the whole limit: a drop of 10% is not kept, since
+	// the other stream's target needs it; 2% is.
+	p = newPool(10, 1000)
+	a, b := p.join(1, nil), p.join(2, nil)
+	a.target, b.target, p.target = 500, 500, 1000
+	p.assign(a, 1000, math.MaxUint64, until)
+	p.assign(b, 1000, math.MaxUint64, until)
+	a.target, b.target = 450, 550
+	if got := p.assign(a, 1000, math.MaxUint64, until); got != 450 {
+		t.Fatalf("the limit claimed whole, a target down 10%%: kept %d, want 450 for the other stream", got)
+	}
+	if got := p.assign(b, 1000, math.MaxUint64, until); got != 550 {
+		t.Fatalf("the other stream then gets %d, want its target 550", got)
+	}
+	a.target, b.target = 440, 560
+	if got := p.assign(a, 1000, math.MaxUint64, until); got != 450 {
+		t.Fatalf("a target down 2.2%%: assigned %d, want 450 kept", got)
+	}
+
+	// Across replicas: the store showed the budget contended, so another
+	// replica may need what this one keeps.
+	p = newPool(10, 1000)
+	m = p.join(1, nil)
+	m.target, p.target = 500, 500
+	p.assign(m, 600, math.MaxUint64, until)
+	p.lease.viewed, p.lease.free = true, 0
+	m.target, p.target = 450, 450
+	if got := p.assign(m, 600, math.MaxUint64, until); got != 450 {
+		t.Fatalf("nothing free in the store, a target down 10%%: kept %d, want 450", got)
 	}
 }
 
