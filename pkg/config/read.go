@@ -116,7 +116,7 @@ func (r *reader) dir(d string, depth int) error {
 		case depth == 0:
 			r.sniff(full, "not read: it holds a domain, but only files named *.yaml or *.yml are rule files; rename it to load it")
 		default:
-			r.sniff(full, "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)", r.root)
+			r.sniffDomain(full, "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)", r.root)
 		}
 	}
 	return nil
@@ -141,10 +141,10 @@ func (r *reader) unread(d string) {
 			r.unread(full)
 		case e.Type()&fs.ModeSymlink != 0:
 			if info, err := os.Stat(full); err == nil && info.Mode().IsRegular() {
-				r.sniff(full, "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)", r.root)
+				r.sniffDomain(full, "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)", r.root)
 			}
 		case e.Type().IsRegular():
-			r.sniff(full, "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)", r.root)
+			r.sniffDomain(full, "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)", r.root)
 		}
 	}
 }
@@ -164,6 +164,16 @@ func (r *reader) read(name string) error {
 // starts with "domain:".
 func (r *reader) sniff(name, format string, args ...any) {
 	if isRuleName(name) || holdsDomain(name) {
+		r.warn(name, format, args...)
+	}
+}
+
+// sniffDomain warns, with the message format says, of the file at name
+// when it holds a line that starts with "domain:", as every rule file
+// does: the YAML files a subdirectory of rules may hold for other
+// programs (Envoy's configs beside them, say) are not rule files.
+func (r *reader) sniffDomain(name, format string, args ...any) {
+	if holdsDomain(name) {
 		r.warn(name, format, args...)
 	}
 }

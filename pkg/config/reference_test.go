@@ -152,6 +152,7 @@ func TestNativeLayout(t *testing.T) {
 		"sub/nested.yaml":     oneLimit("nested"),
 		"sub/deeper/rules":    oneLimit("deeper"),
 		"sub/README.md":       "# notes, no rules\n",
+		"envoy/envoy.yaml":    "static_resources:\n  listeners: []\n", // another program's YAML beside the rules: no warning
 		"rules.conf":          oneLimit("conf"),
 		"NOTES.txt":           "nothing here\n",
 		".hidden.yml":         oneLimit("hidden"),
