@@ -131,6 +131,9 @@ type poolLease struct {
 	// dropped is set when the pool lost its last member while a call was
 	// on its way: what that call takes is given back as it settles.
 	dropped bool
+	// polling is set while a look at the store of a starved pool is
+	// scheduled (Server.pollStarved).
+	polling bool
 }
 
 // held is the budget the lease backs assignments with.

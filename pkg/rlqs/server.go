@@ -113,6 +113,10 @@ type Options struct {
 	BudgetTimeout time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// AfterFunc runs f once d has passed on the clock of Now; default
+	// time.AfterFunc. A pool short of its targets looks at the store again
+	// on it (see Server.pollStarved). A clock of a test passes its own.
+	AfterFunc func(d time.Duration, f func())
 	// Logger receives stream and rejection logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -192,6 +196,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.AfterFunc == nil {
+		opts.AfterFunc = func(d time.Duration, f func()) { time.AfterFunc(d, f) }
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -753,12 +760,22 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 			if p.lease.backs(p.limit, sent) {
 				budget = p.lease.held()
 			}
+			if err == nil && c.announce && c.m.counted {
+				// The take's answer holds every replica's announcement,
+				// this one's included: the freshest view of the demand
+				// there is, when the reports of several replicas move it
+				// at once.
+				p.retarget(c.m, s.pol, p.lease.gCount, p.lease.gDemand)
+			}
 			c.qa.RateLimitStrategy = c.m.strategy(p.assign(c.m, budget, math.MaxUint64, c.until), p.period, s.opts.Burst)
 		}
 		if err == nil && (was || c.p.lease.contended(c.p.limit)) {
 			// Where the budget is plentiful (and was), a stream takes
 			// what it needs at its next report: nothing to push.
 			s.rebalance(c)
+		}
+		if err == nil {
+			s.pollStarved(c.p, c.interval)
 		}
 	}
 	s.mu.Unlock()
@@ -801,13 +818,20 @@ func (s *Server) rebalance(c *call) {
 		t := p.targetOf(m, s.pol, l.gCount, l.gDemand)
 		// A small shortfall is pushed only when units nobody holds appeared
 		// (a stream ended, a replica gave back): it is otherwise the
-		// rounding of targets that sum a little over the limit.
-		short := m.assigned < t && t-m.assigned <= room && (l.free > 0 || t-m.assigned > t/8) && !keeps(t, m.assigned, true)
+		// rounding of targets that sum a little over the limit. A member
+		// is pushed for what there is room for, when that raises it by
+		// more than the hysteresis keeps, even if not to its target (a
+		// replica that gave back part of what another needs).
+		var gain uint64
+		if m.assigned < t {
+			gain = min(t-m.assigned, room)
+		}
+		short := gain > 0 && (l.free > 0 || t-m.assigned > t/8) && !keeps(m.assigned+gain, m.assigned, true)
 		if !drifted(t, m.target) && !short {
 			continue
 		}
 		if short {
-			room -= t - m.assigned
+			room -= gain
 		}
 		ss := s.open[id]
 		if ss == nil {
@@ -822,6 +846,49 @@ func (s *Server) rebalance(c *call) {
 		ss.moved[p.bucket] = true
 		ss.signal()
 	}
+}
+
+// pollStarved has pool p look at the store again in a fifth of interval
+// when it is starved: contended, its targets over what it holds by more
+// than an eighth, and nothing free at its last look. Another replica
+// gives back what it held over its own targets behind an answer of its
+// own, which the reports of this pool, an interval apart, may all have
+// just missed when the Envoys report in step. While it stays starved it
+// looks again, each look a read of three keys. Called with s.mu held.
+func (s *Server) pollStarved(p *pool, interval time.Duration) {
+	l := &p.lease
+	if l.polling || l.dropped || !l.contended(p.limit) || l.free > 0 || p.target <= l.held()+l.held()/8 {
+		return
+	}
+	l.polling = true
+	s.opts.AfterFunc(interval/5, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		l.polling = false
+		select {
+		case <-s.closing:
+			return // the streams end: nothing to push
+		default:
+		}
+		if l.dropped || len(p.members) == 0 {
+			return
+		}
+		// The member that is pushed reads the store (a starved pool reads
+		// at every report, see decide) and, if units were freed, is
+		// assigned more; an assignment that did not change is not sent.
+		for id := range p.members {
+			ss := s.open[id]
+			if ss == nil || ss.buckets[p.bucket] == nil || ss.moved[p.bucket] {
+				continue
+			}
+			if ss.moved == nil {
+				ss.moved = make(map[string]bool)
+			}
+			ss.moved[p.bucket] = true
+			ss.signal()
+			return
+		}
+	})
 }
 
 // countOps counts the operations of a budget call, which failed with err.
@@ -926,7 +993,10 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 			// needs, which another replica may be short of: it goes back
 			// now, behind the answer, rather than at the next report.
 			p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}, true, now, batch, calls)
-		case contended && !now.Before(l.next):
+		case contended && (!now.Before(l.next) || p.target > l.held()):
+			// Once an interval, or at every report while the pool is
+			// short of its targets: another replica may have given back
+			// what it needs since the last look.
 			p.read(m, now, b.interval, batch, calls)
 		case !contended && !l.backs(p.limit, now.Add(renewEarly*b.interval)):
 			p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}, false, now, batch, calls)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -55,8 +56,23 @@ var wholeShare = math.Inf(1)
 
 // clock is a fake clock the tests advance.
 type clock struct {
-	mu sync.Mutex
-	t  time.Time
+	mu     sync.Mutex
+	t      time.Time
+	timers []clockTimer
+}
+
+// clockTimer is a function an AfterFunc of the clock runs at a time.
+type clockTimer struct {
+	at time.Time
+	f  func()
+}
+
+// AfterFunc runs f once Advance moved the clock d on: the Server's
+// Options.AfterFunc on this clock.
+func (c *clock) AfterFunc(d time.Duration, f func()) {
+	c.mu.Lock()
+	c.timers = append(c.timers, clockTimer{at: c.t.Add(d), f: f})
+	c.mu.Unlock()
 }
 
 func (c *clock) Now() time.Time {
@@ -65,10 +81,26 @@ func (c *clock) Now() time.Time {
 	return c.t
 }
 
+// Advance moves the clock d on and runs, in the order they were set,
+// the functions of AfterFunc that are due.
 func (c *clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
+	var due []func()
+	kept := c.timers[:0]
+	for _, tm := range c.timers {
+		if tm.at.After(c.t) {
+			kept = append(kept, tm)
+		} else {
+			due = append(due, tm.f)
+		}
+	}
+	clear(c.timers[len(kept):])
+	c.timers = kept
 	c.mu.Unlock()
+	for _, f := range due {
+		f()
+	}
 }
 
 type fixture struct {
@@ -99,6 +131,9 @@ func startWith(t *testing.T, opts rlqs.Options, clk *clock, serverOpts ...grpc.S
 		opts.Rules = func() *config.Rules { return rules }
 	}
 	opts.Now = clk.Now
+	if opts.AfterFunc == nil {
+		opts.AfterFunc = clk.AfterFunc
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -119,6 +154,13 @@ func startWith(t *testing.T, opts rlqs.Options, clk *clock, serverOpts ...grpc.S
 	}
 	t.Cleanup(func() { conn.Close() })
 	return &fixture{srv: srv, conn: conn, clock: clk}
+}
+
+// stacks returns the stacks of every goroutine, for a test that waited
+// in vain to tell what waited on what.
+func stacks() []byte {
+	buf := make([]byte, 1<<20)
+	return buf[:runtime.Stack(buf, true)]
 }
 
 func ctxT(t *testing.T) context.Context {

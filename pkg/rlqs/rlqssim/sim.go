@@ -33,6 +33,7 @@ package rlqssim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -624,7 +625,7 @@ func (c *Client) Sync(ctx context.Context) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return ctx.Err()
+			return fmt.Errorf("rlqssim: %d responses on the stream for %d reports with buckets: %w", got, want, ctx.Err())
 		}
 	}
 }
