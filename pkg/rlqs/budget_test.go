@@ -310,23 +310,29 @@ func TestSharesFollowDemandAtEnvoyPhases(t *testing.T) {
 		step := 0
 		run := func(steps int) {
 			for range steps {
+				// A context per step, ended with it: the test takes
+				// hundreds of thousands of steps.
+				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 				clk.Advance(10 * time.Millisecond)
 				for i, c := range clients {
 					for owed[i] += rates[i] / 100; owed[i] >= 1; owed[i]-- {
 						c.Allow(acmeBucket)
 					}
-					if err := c.Sync(ctxT(t)); err != nil {
+					if err := c.Sync(ctx); err != nil {
 						t.Fatalf("seed %d, step %d, client %d: %v\n%s", seed, step, i, err, stacks())
 					}
 				}
 				for i, c := range clients {
 					if (step+phase[i])%period == 0 {
 						quiet(t, clients...)
-						if err := c.Report(ctxT(t)); err != nil {
+						rctx, rcancel := context.WithTimeout(t.Context(), 10*time.Second)
+						if err := c.Report(rctx); err != nil {
 							t.Fatalf("seed %d, step %d, client %d: %v\n%s", seed, step, i, err, stacks())
 						}
+						rcancel()
 					}
 				}
+				cancel()
 				step++
 			}
 		}

@@ -487,9 +487,13 @@ func driveFor(t *testing.T, f *fixture, d time.Duration, clients []*rlqssim.Clie
 // server has the report; then the server measures the interval too long.
 func quiet(t *testing.T, clients ...*rlqssim.Client) {
 	t.Helper()
+	// One context for the whole wait, ended with it: a test calls quiet
+	// thousands of times.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
 	responses := func() (n uint64) {
 		for _, c := range clients {
-			if err := c.Sync(ctxT(t)); err != nil {
+			if err := c.Sync(ctx); err != nil {
 				t.Fatal(err)
 			}
 			n += c.Stats().Responses
