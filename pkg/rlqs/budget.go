@@ -132,8 +132,9 @@ type poolLease struct {
 	// on its way: what that call takes is given back as it settles.
 	dropped bool
 	// polling is set while a look at the store of a starved pool is
-	// scheduled (Server.pollStarved).
+	// scheduled (Server.pollStarved); polled is when the last was.
 	polling bool
+	polled  time.Time
 }
 
 // held is the budget the lease backs assignments with.

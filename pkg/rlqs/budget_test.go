@@ -349,3 +349,60 @@ func TestSharesFollowDemandAtEnvoyPhases(t *testing.T) {
 		store.Close()
 	}
 }
+
+// TestStarvedPoolLooksAgainBeforeItsNextReport: two replicas, one Envoy
+// on each, reporting at the same instant, replica 2's first. Demand moves
+// from 50, 50 to 10, 90: replica 2's report reads the store before
+// replica 1's frees what Envoy 1 no longer needs, which replica 1 gives
+// back behind its answer. Replica 2's pool is then starved, and looks at
+// the store again a fifth of a report period later: Envoy 2's share
+// rises before its next report, not a whole period late.
+func TestStarvedPoolLooksAgainBeforeItsNextReport(t *testing.T) {
+	const period = 500 // 10 ms steps: 5 s
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	store := memory.New(memory.Options{Now: clk.Now})
+	defer store.Close()
+	r1 := startOn(t, rlqs.Options{Budget: store}, clk)
+	r2 := startOn(t, rlqs.Options{Budget: store}, clk)
+	a, b := r1.sim(t), r2.sim(t)
+	rates := [2]float64{50, 50}
+	var owed [2]float64
+	step := 0
+	run := func(steps int) {
+		for range steps {
+			clk.Advance(10 * time.Millisecond)
+			for i, c := range []*rlqssim.Client{a, b} {
+				for owed[i] += rates[i] / 100; owed[i] >= 1; owed[i]-- {
+					c.Allow(acmeBucket)
+				}
+			}
+			step++
+			if step%period == 0 {
+				quiet(t, a, b)
+				for _, c := range []*rlqssim.Client{b, a} {
+					if err := c.Report(ctxT(t)); err != nil {
+						t.Fatal(err)
+					}
+					quiet(t, a, b)
+				}
+			}
+		}
+	}
+	run(6 * period)
+	rates = [2]float64{10, 90}
+	run(period)
+	// The reports that saw 10 and 90 were just made.
+	atReport := share(b)
+	run(period / 5)
+	quiet(t, a, b) // the push of the look, if any
+	after := share(b)
+	t.Logf("Envoy 2's share: %.1f when its report found nothing free, %.1f a fifth of a period later; Envoy 1's: %.1f", atReport, after, share(a))
+	// Targets: a tenth of 100 split evenly, the rest by demand: 86 and 14.
+	if after < 75 {
+		e2, _ := r2.srv.Explain(t.Context(), "quota", acmeBucket)
+		t.Errorf("a fifth of a period after replica 1 freed units, Envoy 2 holds %.1f (%.1f at its report), want about 86: replica 2 did not look again\nreplica 2: %+v %+v", after, atReport, e2.Replica.Members, e2.Replica.Lease)
+	}
+	if overLimit(share(a)+after, 100) {
+		t.Errorf("shares %.1f + %.1f over the limit 100", share(a), after)
+	}
+}

@@ -775,7 +775,7 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 			s.rebalance(c)
 		}
 		if err == nil {
-			s.pollStarved(c.p, c.interval)
+			s.pollStarved(c.p, c.interval, sent)
 		}
 	}
 	s.mu.Unlock()
@@ -853,14 +853,16 @@ func (s *Server) rebalance(c *call) {
 // than an eighth, and nothing free at its last look. Another replica
 // gives back what it held over its own targets behind an answer of its
 // own, which the reports of this pool, an interval apart, may all have
-// just missed when the Envoys report in step. While it stays starved it
-// looks again, each look a read of three keys. Called with s.mu held.
-func (s *Server) pollStarved(p *pool, interval time.Duration) {
+// just missed when the Envoys report in step. It looks at most once an
+// interval, a read of three keys: a pool that stays starved (replicas
+// that disagree on the demand for a while) costs the store no more than
+// its reports do. Called with s.mu held.
+func (s *Server) pollStarved(p *pool, interval time.Duration, now time.Time) {
 	l := &p.lease
-	if l.polling || l.dropped || !l.contended(p.limit) || l.free > 0 || p.target <= l.held()+l.held()/8 {
+	if l.polling || l.dropped || now.Before(l.polled.Add(interval)) || !l.contended(p.limit) || l.free > 0 || p.target <= l.held()+l.held()/8 {
 		return
 	}
-	l.polling = true
+	l.polling, l.polled = true, now
 	s.opts.AfterFunc(interval/5, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
