@@ -859,7 +859,7 @@ func (s *Server) rebalance(c *call) {
 // its reports do. Called with s.mu held.
 func (s *Server) pollStarved(p *pool, interval time.Duration, now time.Time) {
 	l := &p.lease
-	if l.polling || l.dropped || now.Before(l.polled.Add(interval)) || !l.contended(p.limit) || l.free > 0 || p.target <= l.held()+l.held()/8 {
+	if interval <= 0 || l.polling || l.dropped || now.Before(l.polled.Add(interval)) || !l.contended(p.limit) || l.free > 0 || p.target <= l.held()+l.held()/8 {
 		return
 	}
 	l.polling, l.polled = true, now
