@@ -1,6 +1,8 @@
 package service
 
 import (
+	"strings"
+
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -34,7 +36,7 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, checks []check, resp *rlsv3.Ra
 		}
 	}
 	fields := map[string]*structpb.Value{
-		"domain":      structpb.NewStringValue(req.Domain),
+		"domain":      structpb.NewStringValue(text(req.Domain)),
 		"descriptors": structpb.NewListValue(&structpb.ListValue{Values: descriptors}),
 	}
 	if req.HitsAddend != 0 {
@@ -63,7 +65,7 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, checks []check, resp *rlsv3.Ra
 func descriptorMetadata(d *rlv3.RateLimitDescriptor) *structpb.Struct {
 	entries := make([]*structpb.Value, len(d.Entries))
 	for i, e := range d.Entries {
-		entries[i] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+		entries[i] = structpb.NewStringValue(text(e.GetKey() + "=" + e.GetValue()))
 	}
 	fields := map[string]*structpb.Value{
 		"entries": structpb.NewListValue(&structpb.ListValue{Values: entries}),
@@ -78,6 +80,13 @@ func descriptorMetadata(d *rlv3.RateLimitDescriptor) *structpb.Struct {
 	}
 	return &structpb.Struct{Fields: fields}
 }
+
+// text returns s with each byte that is not UTF-8 replaced by U+FFFD.
+// DecodeOptions decides requests whose descriptors hold such bytes, as
+// Envoy copies them from headers; protobuf encodes no string that is not
+// UTF-8, and an answer that fails to encode reaches Envoy as Internal,
+// which its default failure_mode_deny: false admits.
+func text(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 
 // mergeMetadata adds src's fields to dst: a field dst lacks is added; one
 // both hold as structs is merged the same way; any other keeps dst's.

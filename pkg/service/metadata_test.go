@@ -7,10 +7,13 @@ import (
 	"testing"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/internal/wiretest"
 )
 
 // TestDynamicMetadata builds the dynamic_metadata of Options.DynamicMetadata
@@ -76,5 +79,32 @@ descriptors:
 	}
 	if resp := f.call(t, request("elsewhere", desc("a", "1"))); asJSON(resp.DynamicMetadata) != `{"descriptors":[{"entries":["a=1"]}],"domain":"elsewhere"}` {
 		t.Errorf("an unknown domain: %s", asJSON(resp.DynamicMetadata))
+	}
+}
+
+// TestDynamicMetadataOfBytesNotUTF8: a descriptor or domain that is not
+// UTF-8 (Envoy copies header bytes into descriptors; DecodeOptions decides
+// them) is decided and answered with the dynamic metadata too, each bad
+// byte shown as U+FFFD: protobuf encodes no string that is not UTF-8, and
+// a call answered Internal instead is admitted by Envoy's default
+// failure_mode_deny: false, a bypass of the limit.
+func TestDynamicMetadataOfBytesNotUTF8(t *testing.T) {
+	f := costFixture(t, "memory", "domain: dm\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n", Options{DynamicMetadata: true})
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, over} {
+		resp, err := callRaw[rlsv3.RateLimitResponse](t, f.conn, rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, wiretest.Request("dm", []string{"a\xff", "v\xfe"}, []string{"a", "x\xff"}))
+		if err != nil {
+			t.Fatalf("call %d with dynamic metadata: %v; want it answered", i+1, err)
+		}
+		if resp.OverallCode != want {
+			t.Errorf("call %d: %v, want %v: the value not UTF-8 is counted", i+1, resp.OverallCode, want)
+		}
+		entries := resp.GetDynamicMetadata().GetFields()["descriptors"].GetListValue().GetValues()
+		if len(entries) != 2 || entries[1].GetStructValue().GetFields()["entries"].GetListValue().GetValues()[0].GetStringValue() != "a=x\ufffd" {
+			t.Errorf("call %d: dynamic metadata %v, want the second descriptor's entry as a=x\\ufffd", i+1, resp.GetDynamicMetadata())
+		}
+	}
+	resp, err := callRaw[rlsv3.RateLimitResponse](t, f.conn, rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, wiretest.Request("dm\xff", []string{"a", "1"}))
+	if err != nil || resp.GetDynamicMetadata().GetFields()["domain"].GetStringValue() != "dm\ufffd" {
+		t.Errorf("a domain not UTF-8: %v, %v; want it answered, the domain as dm\\ufffd", resp, err)
 	}
 }
