@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -125,14 +126,24 @@ func TestReferenceRedisStartup(t *testing.T) {
 	if listening != 0 {
 		t.Fatalf("a port opened before Redis answered: %v", s.listening)
 	}
+	// Every wait is between the initial and the maximum interval (slog's
+	// JSON gives a duration in nanoseconds).
+	waits := 0
 	for _, l := range s.logLines() {
-		// Every wait is between the initial and the maximum interval.
-		if i := strings.Index(l, `"in":"`); i >= 0 && strings.Contains(l, "redis not reachable at start") {
-			d, err := time.ParseDuration(strings.SplitN(l[i+6:], `"`, 2)[0])
-			if err != nil || d < 100*time.Millisecond || d > 300*time.Millisecond {
-				t.Errorf("a wait of %v (%v), want 100ms to 300ms: %s", d, err, l)
-			}
+		var rec struct {
+			Msg string
+			In  time.Duration
 		}
+		if json.Unmarshal([]byte(l), &rec) != nil || rec.Msg != "redis not reachable at start; retrying before opening any port" {
+			continue
+		}
+		waits++
+		if rec.In < 100*time.Millisecond || rec.In > 300*time.Millisecond {
+			t.Errorf("a wait of %v, want 100ms to 300ms: %s", rec.In, l)
+		}
+	}
+	if waits < 3 {
+		t.Errorf("%d waits logged with their length, want at least the 3 tries seen", waits)
 	}
 	node.Restart(t)
 	s = startProcessWait(t, s)
