@@ -33,7 +33,7 @@ func readFiles(path string, opts Options) ([]File, []*Error, error) {
 		return []File{{Name: path, Data: data}}, nil, nil
 	}
 	r := reader{root: path, opts: opts}
-	if err := r.dir(path, 0); err != nil {
+	if err := r.dir(path); err != nil {
 		return nil, nil, err
 	}
 	if len(r.files) == 0 {
@@ -61,8 +61,10 @@ func (r *reader) warn(name, format string, args ...any) {
 	r.warns = append(r.warns, &Error{File: name, Msg: fmt.Sprintf(format, args...)})
 }
 
-// dir reads directory d, depth levels below the root, in name order.
-func (r *reader) dir(d string, depth int) error {
+// dir reads directory d in name order: in reference mode its
+// subdirectories too, in native mode only its own files (unread warns of
+// those below).
+func (r *reader) dir(d string) error {
 	entries, err := os.ReadDir(d)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
@@ -94,7 +96,7 @@ func (r *reader) dir(d string, depth int) error {
 			// fails and is logged, and the walk goes on.
 			r.warn(full, "not read: a symbolic link to a directory, which envoyproxy/ratelimit does not follow either; link the files themselves, or move the directory here")
 		case info.IsDir() && r.opts.Reference:
-			if err := r.dir(full, depth+1); err != nil {
+			if err := r.dir(full); err != nil {
 				return err
 			}
 		case info.IsDir():
@@ -109,18 +111,20 @@ func (r *reader) dir(d string, depth int) error {
 			if err := r.read(full); err != nil {
 				return err
 			}
-		case depth == 0 && isRuleName(name):
+		case isRuleName(name):
 			if err := r.read(full); err != nil {
 				return err
 			}
-		case depth == 0:
-			r.sniff(full, "not read: it holds a domain, but only files named *.yaml or *.yml are rule files; rename it to load it")
 		default:
-			r.sniffDomain(full, "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)", r.root)
+			r.sniff(full, "not read: it holds a domain, but only files named *.yaml or *.yml are rule files; rename it to load it")
 		}
 	}
 	return nil
 }
+
+// inSubdirectory is the warning of a rule file native mode finds below
+// the root, formatted with the root.
+const inSubdirectory = "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)"
 
 // unread warns of the rule-looking files below directory d, which native
 // mode does not read. Symbolic links to directories are not followed
@@ -141,10 +145,10 @@ func (r *reader) unread(d string) {
 			r.unread(full)
 		case e.Type()&fs.ModeSymlink != 0:
 			if info, err := os.Stat(full); err == nil && info.Mode().IsRegular() {
-				r.sniffDomain(full, "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)", r.root)
+				r.sniffDomain(full, inSubdirectory, r.root)
 			}
 		case e.Type().IsRegular():
-			r.sniffDomain(full, "not read: rule files are read only directly in %s, not in its subdirectories; move it there (envoyproxy/ratelimit's compatibility mode reads subdirectories)", r.root)
+			r.sniffDomain(full, inSubdirectory, r.root)
 		}
 	}
 }
