@@ -633,6 +633,18 @@ func TestAdmittedWithinLimit(t *testing.T) {
 			if most := 2 * (1 + 3) * limit; burst > float64(most) || buckets > 2*(1+3)*uint64(len(clients)) {
 				t.Errorf("the token buckets started with %.0f tokens in all (%d buckets): over %d (24 buckets): shares are sent anew more often than demand moves", burst, buckets, most)
 			}
+			// The bound counts what Envoy admits unassigned: a server that
+			// assigned nothing would meet it. Only each bucket's requests
+			// before its first answer go unassigned, and at the end every
+			// Envoy has demand, and a share.
+			if unassigned > limit {
+				t.Errorf("%d requests admitted unassigned: over a second of the limit, %d; the buckets were not assigned", unassigned, limit)
+			}
+			for i, c := range clients {
+				if share(c) == 0 {
+					t.Errorf("Envoy %d, with demand, holds no share at the end", i)
+				}
+			}
 			t.Logf("admitted %d in %d s (limit %d/s, bound %.0f: %d·%d + %.0f tokens the %d buckets started with + %d unassigned)",
 				total, seconds, limit, b, limit, seconds, burst, buckets, unassigned)
 		})
