@@ -980,6 +980,7 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		return m.strategy(p.assign(m, p.assigned, m.assigned, until), p.period, s.opts.Burst)
 	}
 	contended := l.contended(p.limit)
+	renewal := call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}
 	if l.backs(p.limit, now) && !p.renewal(contended) {
 		// The lease backs an assignment out of what it holds for longer
 		// than its TTL: no take. Where the budget is contended, the pool
@@ -994,19 +995,19 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 			// This assignment left the lease holding more than the pool
 			// needs, which another replica may be short of: it goes back
 			// now, behind the answer, rather than at the next report.
-			p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}, true, now, batch, calls)
+			p.renew(renewal, true, now, batch, calls)
 		case contended && (!now.Before(l.next) || p.target > l.held()):
 			// Once an interval, or at every report while the pool is
 			// short of its targets: another replica may have given back
 			// what it needs since the last look.
 			p.read(m, now, b.interval, batch, calls)
 		case !contended && !l.backs(p.limit, now.Add(renewEarly*b.interval)):
-			p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}, false, now, batch, calls)
+			p.renew(renewal, false, now, batch, calls)
 		}
 		return m.strategy(a, p.period, s.opts.Burst)
 	}
-	p.renew(call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval,
-		m: m, qa: qa, until: until}, contended, now, batch, calls)
+	renewal.m, renewal.qa, renewal.until = m, qa, until
+	p.renew(renewal, contended, now, batch, calls)
 	return nil
 }
 

@@ -403,10 +403,7 @@ func seconds(s float64) time.Duration {
 
 // consume takes one token, or reports false (consume(1, false)).
 func (tb *tokenBucket) consume(now time.Time) bool {
-	if !now.After(tb.t) {
-		return false
-	}
-	total := math.Min(tb.max, now.Sub(tb.t).Seconds()*tb.rate)
+	total := tb.remaining(now)
 	if total < 1 {
 		return false
 	}
