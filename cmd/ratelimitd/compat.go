@@ -141,6 +141,14 @@ func (c *compat) flag(name, value, from string) {
 	c.from[name] = from
 }
 
+// defaultFlag is flag for a default the reference's behaviour implies,
+// which ratelimitd's own variable for the flag, when set, overrides.
+func (c *compat) defaultFlag(name, value, from string) {
+	if _, ok := c.lookupEnv(envName(name)); !ok {
+		c.flag(name, value, from)
+	}
+}
+
 // refuse records a setting whose value ratelimitd cannot honour, and why.
 func (c *compat) refuse(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Sprintf(format, args...))
@@ -330,9 +338,7 @@ func (c *compat) backend() {
 	// cache's RedisError panic is recovered into the call's error), so
 	// Envoy's failure_mode_deny decides, not the rate-limit service: as
 	// -failure-mode error does, unless ratelimitd's own variable says.
-	if _, ok := c.lookupEnv(envName("failure-mode")); !ok {
-		c.flag("failure-mode", "error", "RATELIMITD_COMPAT")
-	}
+	c.defaultFlag("failure-mode", "error", "RATELIMITD_COMPAT")
 	if c.bool("REDIS_PERSECOND", false) {
 		c.refuse("REDIS_PERSECOND=true: ratelimitd keeps every counter in one Redis; per-second counts kept in REDIS_PERSECOND_URL by the reference would not be shared")
 	}
@@ -431,12 +437,10 @@ func (c *compat) limits() {
 	// nothing of a call's descriptors that are within their limits when
 	// one is over (getHitsAddend); the descriptors that are over it still
 	// counts, which drop does not (docs/migrating.md).
-	if _, ok := c.lookupEnv(envName("over-limit-hits")); !ok {
-		if c.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false) {
-			c.flag("over-limit-hits", "drop", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
-		} else {
-			c.flag("over-limit-hits", "count", "RATELIMITD_COMPAT")
-		}
+	if c.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false) {
+		c.defaultFlag("over-limit-hits", "drop", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
+	} else {
+		c.defaultFlag("over-limit-hits", "count", "RATELIMITD_COMPAT")
 	}
 	if c.bool("RESPONSE_DYNAMIC_METADATA", false) {
 		c.flag("response-dynamic-metadata", "true", "RESPONSE_DYNAMIC_METADATA")

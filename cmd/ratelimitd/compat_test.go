@@ -174,13 +174,20 @@ func TestCompatOverLimitHits(t *testing.T) {
 		{env{"RATELIMITD_OVER_LIMIT_HITS": "drop"}, ""},
 		{env{"RATELIMITD_OVER_LIMIT_HITS": "count", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"}, ""},
 	} {
-		args, _, _, err := compatArgs(c.env.lookup)
+		args, ignored, _, err := compatArgs(c.env.lookup)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := flagIn(args, "over-limit-hits")
 		if got != c.want {
 			t.Errorf("%v: %q, want %q", c.env, got, c.want)
+		}
+		// Read, and overridden: not among the settings not honoured
+		// because the reference would not read them either.
+		for _, i := range ignored {
+			if strings.HasPrefix(i, "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT") {
+				t.Errorf("%v: %q named as not honoured", c.env, i)
+			}
 		}
 	}
 }
