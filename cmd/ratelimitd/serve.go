@@ -125,13 +125,12 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	defer cancel()
 	var rules *config.Rules
 	var fromXDS *xdsSource // rules from -xds-server instead of -config; nil for files
-	rulesArrived := true   // false while serving an empty set before xDS sends rules
 	if c.xds.server != "" {
 		var err error
 		if fromXDS, err = startXDS(ctx, c, log); err != nil {
 			return err
 		}
-		if rules, rulesArrived = fromXDS.initial(ctx, c.xds.forceStart, log); rules == nil {
+		if rules = fromXDS.initial(ctx, c.xds.forceStart, log); rules == nil {
 			log.Info("stopped before the first rules arrived from xDS")
 			return nil
 		}
@@ -249,13 +248,13 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		// With -xds-ready-with-rules, health follows whether the rules
 		// in force hold a domain, as the reference's config component
 		// does (src/service/ratelimit.go, SetConfig).
-		if c.xds.readyWithRules && (!rulesArrived || len(rules.Domains()) == 0) {
-			svc.SetAwaitingRules(true)
-		}
+		// The set served before the first rules arrive is empty too.
+		awaiting := func(r *config.Rules) bool { return c.xds.readyWithRules && len(r.Domains()) == 0 }
+		svc.SetAwaitingRules(awaiting(rules))
 		fromXDS.attach(rules, func(r *config.Rules) {
 			setRules(r)
 			mets.Rules(r)
-			svc.SetAwaitingRules(c.xds.readyWithRules && len(r.Domains()) == 0)
+			svc.SetAwaitingRules(awaiting(r))
 		})
 		registerXDS(reg, fromXDS)
 		loaded = func() time.Time { return fromXDS.client.Status().LastUpdate }

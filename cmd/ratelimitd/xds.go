@@ -133,9 +133,9 @@ func (s *xdsSource) onRules(r *config.Rules, version string) {
 }
 
 // initial returns the rules to start serving with: with force start, what
-// has arrived or an empty rule set (and arrived false); else it waits for
+// has arrived or an empty rule set; else it waits for
 // the first rules. It returns nil when ctx ends first.
-func (s *xdsSource) initial(ctx context.Context, forceStart bool, log *slog.Logger) (rules *config.Rules, arrived bool) {
+func (s *xdsSource) initial(ctx context.Context, forceStart bool, log *slog.Logger) *config.Rules {
 	if !forceStart {
 		select {
 		case <-s.client.Ready():
@@ -144,18 +144,18 @@ func (s *xdsSource) initial(ctx context.Context, forceStart bool, log *slog.Logg
 			select {
 			case <-s.client.Ready():
 			case <-ctx.Done():
-				return nil, false
+				return nil
 			}
 		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.latest != nil {
-		return s.latest, true
+		return s.latest
 	}
 	empty, _ := config.Parse() // no files: a valid, empty rule set
 	log.Warn("serving without rules until the xDS control plane sends them: every request is OK meanwhile")
-	return empty, false
+	return empty
 }
 
 // attach hands every later rule set to apply, and at once the latest one
