@@ -13,7 +13,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
-	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
 // HeaderStyle selects the rate-limit headers an answer carries: in
@@ -358,10 +357,11 @@ func (s *Service) referenceHeaders(sc *scratch, resp *rlsv3.RateLimitResponse) [
 		return nil
 	}
 	st, c := resp.Statuses[pick], &sc.checks[pick]
-	d := &sc.decisions[c.req+mostRestrictive(sc.decisions[c.req:c.req+c.n])]
+	j := mostRestrictive(sc.decisions[c.req : c.req+c.n]) // the limit of st.CurrentLimit
+	d := &sc.decisions[c.req+j]
 	l := st.CurrentLimit
-	unit, _ := config.ParseUnit(l.Unit.String()) // the status's unit, from a rule or an override
-	w := max(int64(unit.Duration()/time.Second), 1) * int64(max(l.GetUnitMultiplier().GetValue(), 1))
+	_, window, _ := limitFigures(c, j) // unit × multiplier, of a rule or an override
+	w := max(int64(window/time.Second), 1)
 	var arr [128]byte
 	b := arr[:0]
 	var h headerBuilder
