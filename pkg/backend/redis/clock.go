@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,23 +32,26 @@ const (
 )
 
 // clockOffset is the offset of the Redis clock from this machine's, as
-// last measured. It is safe for concurrent use.
+// last measured. It is safe for concurrent use; every decision call reads
+// it, so a measure is an immutable sample swapped in whole.
 type clockOffset struct {
-	mu     sync.Mutex
+	last atomic.Pointer[clockSample] // nil: unknown
+	busy atomic.Bool                 // a measure is under way
+}
+
+// clockSample is one measure of the offset.
+type clockSample struct {
 	offset time.Duration // Redis's clock minus this machine's
 	slack  time.Duration // half the round trip of the measure: how wrong offset may be
-	at     time.Time     // when measured; zero: unknown
-	busy   atomic.Bool   // a measure is under way
+	at     time.Time     // when measured
 }
 
 // get returns the offset and its slack, and whether it is known; it
 // starts a measure with c, in the background, when the last is older
 // than clockEvery.
 func (o *clockOffset) get(c goredis.UniversalClient) (offset, slack time.Duration, known bool) {
-	o.mu.Lock()
-	offset, slack, at := o.offset, o.slack, o.at
-	o.mu.Unlock()
-	if time.Since(at) >= clockEvery && o.busy.CompareAndSwap(false, true) {
+	last := o.last.Load()
+	if (last == nil || time.Since(last.at) >= clockEvery) && o.busy.CompareAndSwap(false, true) {
 		go func() {
 			defer o.busy.Store(false)
 			ctx, cancel := context.WithTimeout(context.Background(), clockTimeout)
@@ -57,11 +59,15 @@ func (o *clockOffset) get(c goredis.UniversalClient) (offset, slack time.Duratio
 			_ = o.measure(ctx, c) // the next call tries again
 		}()
 	}
-	return offset, slack, !at.IsZero()
+	if last == nil {
+		return 0, 0, false
+	}
+	return last.offset, last.slack, true
 }
 
 // measure reads the Redis clock with c and keeps the offset it gives,
 // unless the one known is more precise and not yet clockMaxAge old.
+// Measures run one at a time (busy).
 func (o *clockOffset) measure(ctx context.Context, c goredis.UniversalClient) error {
 	sent := time.Now()
 	redisNow, err := c.Time(ctx).Result()
@@ -69,13 +75,10 @@ func (o *clockOffset) measure(ctx context.Context, c goredis.UniversalClient) er
 		return err
 	}
 	rtt := time.Since(sent) // monotonic
-	offset := redisNow.Sub(sent.Add(rtt / 2))
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if !o.at.IsZero() && rtt/2 > o.slack+lateMargin && time.Since(o.at) < clockMaxAge {
+	if last := o.last.Load(); last != nil && rtt/2 > last.slack+lateMargin && time.Since(last.at) < clockMaxAge {
 		return nil
 	}
-	o.offset, o.slack, o.at = offset, rtt/2, time.Now()
+	o.last.Store(&clockSample{offset: redisNow.Sub(sent.Add(rtt / 2)), slack: rtt / 2, at: time.Now()})
 	return nil
 }
 
@@ -83,11 +86,7 @@ func (o *clockOffset) measure(ctx context.Context, c goredis.UniversalClient) er
 // as late, so the offset no longer holds (Redis failed over to a server
 // whose clock is elsewhere, say). Calls carry no not-after instant until
 // the next measure.
-func (o *clockOffset) forget() {
-	o.mu.Lock()
-	o.at = time.Time{}
-	o.mu.Unlock()
-}
+func (o *clockOffset) forget() { o.last.Store(nil) }
 
 // notAfter returns the instant, on the Redis clock, after which a decision
 // call under ctx must decide nothing: ctx's deadline moved by the offset
