@@ -54,15 +54,15 @@ func grpcHealth(t *testing.T, s *server) healthpb.HealthCheckResponse_ServingSta
 	return resp.Status
 }
 
-// eventually waits up to 15s for cond, polling.
+// eventually waits up to 20s for cond, polling.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("not within 15s: %s", what)
+			t.Fatalf("not within 20s: %s", what)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(25 * time.Millisecond)
 	}
 }
 

@@ -124,7 +124,7 @@ func TestEnvoyGateway(t *testing.T) {
 	}
 	cp.Set(t, "envoy-ratelimit", "v1", rule(2))
 	cp.WaitRequest(t, 20*time.Second, "ACK of v1", xdstest.ACK("v1"))
-	waitXDS(t, "v1 in force", func() bool { return limitOf("probe") == 2 })
+	eventually(t, "v1 in force", func() bool { return limitOf("probe") == 2 })
 	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
 		if got := decide("alice").OverallCode; got != want {
 			t.Fatalf("call %d under v1 (2 per hour): %v, want %v", i+1, got, want)
@@ -134,7 +134,7 @@ func TestEnvoyGateway(t *testing.T) {
 	// A new snapshot, in force within seconds.
 	sent := time.Now()
 	cp.Set(t, "envoy-ratelimit", "v2", rule(5))
-	waitXDS(t, "v2 in force", func() bool { return limitOf("probe") == 5 })
+	eventually(t, "v2 in force", func() bool { return limitOf("probe") == 5 })
 	if took := time.Since(sent); took > 5*time.Second {
 		t.Errorf("v2 took %v to take effect", took)
 	}
