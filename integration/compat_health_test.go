@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -85,14 +84,7 @@ func rulesRoot(t *testing.T, rules string) string {
 // overall code.
 func decideOnce(t *testing.T, s *server, domain, key, value string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := rlsv3.NewRateLimitServiceClient(s.dial(t)).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: domain,
-		Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.OverallCode.String()
+	return decide(t, rlsv3.NewRateLimitServiceClient(s.dial(t)), descriptorRequest(domain, key, value)).OverallCode.String()
 }
 
 // countLogs counts the log lines holding s.
