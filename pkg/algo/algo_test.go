@@ -61,6 +61,37 @@ func TestAlgorithmNames(t *testing.T) {
 	}
 }
 
+// TestPropertiesMatchCheck checks that the properties rule validation
+// reads agree with the bounds Check enforces: MaxLog bounds exactly the
+// algorithms that log hits, MaxBucket those and the bucket algorithms.
+func TestPropertiesMatchCheck(t *testing.T) {
+	for _, a := range Algorithms() {
+		overLog := Limit{Algorithm: a, Requests: MaxLog + 1, Window: time.Second}
+		if refused := overLog.Check() != nil; refused != a.LogsHits() {
+			t.Errorf("%v: Check refuses %d requests: %v; LogsHits: %v", a, overLog.Requests, refused, a.LogsHits())
+		}
+		overBucket := Limit{Algorithm: a, Requests: MaxBucket + 1, Window: time.Second}
+		if refused := overBucket.Check() != nil; refused != (a.LogsHits() || a.UsesBurst()) {
+			t.Errorf("%v: Check refuses %d requests: %v; LogsHits: %v, UsesBurst: %v", a, overBucket.Requests, refused, a.LogsHits(), a.UsesBurst())
+		}
+	}
+}
+
+// TestEveryUnleasableAlgorithmSaysWhy checks that an algorithm has a
+// reason not to lease exactly when it does not, and that the reason is
+// its own, not the fallback.
+func TestEveryUnleasableAlgorithmSaysWhy(t *testing.T) {
+	for _, a := range append(Algorithms(), Concurrency) {
+		why := a.UnleasableReason()
+		switch {
+		case a.Leasable() && why != "":
+			t.Errorf("%v leases, yet says it cannot because it %s", a, why)
+		case !a.Leasable() && (why == "" || why == Algorithm(255).UnleasableReason()):
+			t.Errorf("%v does not lease and says only %q", a, why)
+		}
+	}
+}
+
 func TestStepUnknownAlgorithmRefuses(t *testing.T) {
 	s := State{Time: 1, Count: 1}
 	next, d := step(s, epoch, Limit{Algorithm: 200, Requests: 10, Window: time.Second}, 1)
