@@ -13,14 +13,15 @@ const module = "github.com/ratelimitd/ratelimitd"
 
 // allowedDeps is the dependency direction of ratelimitd's packages: for each
 // package, the packages of this module it may import (non-test code).
-// cmd -> service -> config, algo, key; backends (and the over-limit cache
-// and the lease engine in front of them) -> algo; algo and config
-// import nothing of ours. A new package must be added here.
+// cmd -> service -> config, algo, key; config -> algo, whose algorithms
+// rule files name; backends (and the over-limit cache and the lease
+// engine in front of them) -> algo; algo imports nothing of ours. A new
+// package must be added here.
 var allowedDeps = map[string][]string{
 	"pkg/algo":              {},
 	"pkg/algo/algotest":     {"pkg/algo"},
 	"pkg/key":               {"pkg/algo"},
-	"pkg/config":            {},
+	"pkg/config":            {"pkg/algo"},
 	"pkg/backend/memory":    {"pkg/algo"},
 	"pkg/backend/redis":     {"pkg/algo"},
 	"pkg/backend/overlimit": {"pkg/algo"},

@@ -833,23 +833,29 @@ func TestResponseUnitsMatchOverrideUnits(t *testing.T) {
 	}
 }
 
-// TestEveryRuleAlgorithmIsImplemented checks that the algorithms rule files
-// may name and the algorithms package algo implements are the same set,
-// under the same names.
+// TestEveryRuleAlgorithmIsImplemented checks that every algorithm a rule
+// file may name reaches its implementation: a rule naming it decides
+// under that algorithm, which admits a first hit and refuses one past the
+// limit.
 func TestEveryRuleAlgorithmIsImplemented(t *testing.T) {
-	implemented := map[algo.Algorithm]bool{}
 	for _, a := range algo.Algorithms() {
-		implemented[a] = true
-	}
-	for _, a := range config.Algorithms() {
-		impl := algorithm(a)
-		if !implemented[impl] || impl.String() != a.String() || impl.UsesBurst() != a.UsesBurst() {
-			t.Errorf("rule algorithm %v maps to %v (burst %v), want the implementation of the same name", a, impl, impl.UsesBurst())
+		src := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1, unit: minute, algorithm: " + a.String() + "}\n"
+		rules, err := config.Parse(config.File{Name: "r.yaml", Data: []byte(src)})
+		if err != nil {
+			t.Fatalf("%v: %v", a, err)
 		}
-		delete(implemented, impl)
-	}
-	for a := range implemented {
-		t.Errorf("algorithm %v is implemented but no rule file can name it", a)
+		l := ruleLimit(&rules.Domain("d").Rules()[0].Limits[0])
+		if l.Algorithm != a {
+			t.Errorf("a rule naming %v decides under %v", a, l.Algorithm)
+		}
+		var s algo.State
+		now := time.Unix(1_700_000_000, 0)
+		if d := algo.Step(&s, now, l, 1); !d.Allowed {
+			t.Errorf("%v refuses the first hit of a fresh limit: %+v", a, d)
+		}
+		if d := algo.Step(&s, now, l, 1); d.Allowed {
+			t.Errorf("%v admits a second hit of a limit of 1: %+v", a, d)
+		}
 	}
 }
 
