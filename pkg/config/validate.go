@@ -24,15 +24,15 @@ const (
 	// MaxWindow is the longest window unit × unit_multiplier may make.
 	MaxWindow = 100 * 365 * 24 * time.Hour
 	// MaxBucket bounds requests_per_unit and burst of the bucket
-	// algorithms (token_bucket, leaky_bucket, gcra), MaxRefill the time
-	// their bucket takes to refill from empty (burst × window /
-	// requests_per_unit), and MaxLog requests_per_unit of
-	// sliding_window_log, which keeps one timestamp per admitted hit.
-	// They mirror package algo's bounds of exact arithmetic, so every
-	// limit a rule file states is one algo computes.
-	MaxBucket = 1 << 26
-	MaxRefill = MaxWindow
-	MaxLog    = 10_000
+	// algorithms (those that use burst), MaxRefill the time their bucket
+	// takes to refill from empty (burst × window / requests_per_unit),
+	// and MaxLog requests_per_unit of an algorithm that logs hits, which
+	// keeps one timestamp per admitted hit. They are package algo's
+	// bounds of exact arithmetic, so every limit a rule file states is
+	// one algo computes.
+	MaxBucket = algo.MaxBucket
+	MaxRefill = algo.MaxRefill
+	MaxLog    = algo.MaxLog
 	maxUint32 = 1<<32 - 1
 )
 
