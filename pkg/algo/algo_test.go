@@ -92,6 +92,35 @@ func TestEveryUnleasableAlgorithmSaysWhy(t *testing.T) {
 	}
 }
 
+// TestFullUntilAdmissible checks the property an over-limit cache relies
+// on: after a refusal, hits counted past the limit keep refusing until the
+// admissible instant the refusal named, and then no longer weigh, exactly
+// for the algorithms that say so.
+func TestFullUntilAdmissible(t *testing.T) {
+	for _, a := range Algorithms() {
+		l := Limit{Algorithm: a, Requests: 3, Window: time.Second}
+		counting := func(hits uint64) *Request { return &Request{Limit: l, Hits: hits, Count: true} }
+		var s State
+		for range l.Requests {
+			if d := Apply(&s, epoch, counting(1)); !d.Allowed {
+				t.Fatalf("%v: refused a hit within the limit: %+v", a, d)
+			}
+		}
+		refusal := Apply(&s, epoch, counting(1))
+		if refusal.Allowed || refusal.RetryAfter <= 0 || refusal.RetryAfter == Never {
+			t.Fatalf("%v: the hit past the limit got %+v, want a refusal with a retry", a, refusal)
+		}
+		if d := Apply(&s, epoch.Add(refusal.RetryAfter/2), counting(5)); d.Allowed {
+			t.Fatalf("%v: admitted hits before the admissible instant: %+v", a, d)
+		}
+		d := Step(&s, epoch.Add(refusal.RetryAfter), l, 1)
+		if d.Allowed != a.FullUntilAdmissible() {
+			t.Errorf("%v: at the admissible instant, after counting past the limit, a hit is allowed: %v; FullUntilAdmissible: %v",
+				a, d.Allowed, a.FullUntilAdmissible())
+		}
+	}
+}
+
 func TestStepUnknownAlgorithmRefuses(t *testing.T) {
 	s := State{Time: 1, Count: 1}
 	next, d := step(s, epoch, Limit{Algorithm: 200, Requests: 10, Window: time.Second}, 1)

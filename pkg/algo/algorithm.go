@@ -212,6 +212,18 @@ func (a Algorithm) LogsHits() bool {
 	return a == SlidingWindowLog
 }
 
+// FullUntilAdmissible reports whether a refusal of a leaves the limit
+// refusing whatever more is counted past it ([Request.Count]) until the
+// instant the refusal names as admissible, and admitting from then on: a
+// window's count past N is forgotten when the window ends, the instant
+// its refusals name. Other algorithms carry what is counted past their
+// limit further (a debt, a count that weighs on the next window). An
+// over-limit cache may answer a counting request of such an algorithm
+// from a refusal it holds.
+func (a Algorithm) FullUntilAdmissible() bool {
+	return a == FixedWindow || a == BurstFill
+}
+
 // Check reports whether l is within the bounds its algorithm computes
 // exactly. [Step] refuses every hit of a limit that fails Check; rule
 // validation keeps such limits out of the rules.
