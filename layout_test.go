@@ -31,7 +31,8 @@ var allowedDeps = map[string][]string{
 	"internal/reftest":      {},
 	"internal/wiretest":     {},
 	"internal/pkitest":      {},
-	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
+	"pkg/wire":              {}, // what every server does to a request, whatever its protocol
+	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
 	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key"}, // a service: takes its budget through the algo.Backend interface
 	"pkg/rlqs/rlqssim":      {},
