@@ -23,6 +23,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/region"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/tlsconfig"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // regionConfig is the multi-region configuration (-region*).
@@ -207,7 +208,9 @@ func serveRegion(addr string, cfg *tls.Config, e *region.Engine, svc *service.Se
 	if err != nil {
 		return nil, fmt.Errorf("region sync listener: %w", err)
 	}
-	opts := append(service.DecodeOptions(),
+	// Region sync tolerates no string that is not UTF-8: its pushes are
+	// refused naming the field.
+	opts := append(wire.DecodeOptions(),
 		grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()),
 		grpc.Creds(credentials.NewTLS(cfg)))
 	gs := grpc.NewServer(opts...)

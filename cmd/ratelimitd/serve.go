@@ -32,6 +32,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/reload"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // evictionReportInterval is how often serve reports evictions of live keys.
@@ -156,8 +157,8 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 
 	// Requests are decoded first: descriptor bytes that are not UTF-8 are
 	// decided, other requests that do not decode are refused naming the
-	// field (service.DecodeOptions); its interceptors are the outermost.
-	grpcOpts := service.DecodeOptions()
+	// field (wire.DecodeOptions); its interceptors are the outermost.
+	grpcOpts := wire.DecodeOptions(service.Tolerance(), rlqs.Tolerance())
 	if c.tracing {
 		tp, err := newTracerProvider(ctx, c.lookupEnv)
 		if err != nil {
