@@ -207,8 +207,11 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	if cons != nil {
 		observers = append(observers, cons)
 	}
+	// One panic recovery for every server, so that Service.Panics counts
+	// them all.
+	recovery := wire.NewRecovery(log)
 	svc, err := service.New(be.main, rules, service.Options{
-		Logger: log, Bounds: c.bounds,
+		Logger: log, Recovery: recovery, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, HeaderNames: c.headerNames, DynamicMetadata: c.dynamicMetadata, NearLimitRatio: c.nearLimitRatio,
 		Observer: service.Tee(observers...), EnableReset: c.enableReset, Leases: be.leases, Global: be.global,
@@ -307,10 +310,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 
 	// A panicking handler is answered Internal and logged; the process stays.
 	grpcOpts = append(grpcOpts, ref.serverOptions()...)
-	grpcOpts = append(grpcOpts,
-		grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()),
-		grpc.ChainStreamInterceptor(svc.StreamInterceptor()),
-	)
+	grpcOpts = append(grpcOpts, recovery.ServerOptions()...)
 	if grpcTLS != nil {
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(grpcTLS)))
 	}
@@ -352,7 +352,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	// TLS with the region's files, apart from the port Envoy calls.
 	var rs *grpc.Server
 	if regionTLS != nil {
-		if rs, err = serveRegion(c.region.addr, regionTLS, be.region, svc, log, failed); err != nil {
+		if rs, err = serveRegion(c.region.addr, regionTLS, be.region, recovery, log, failed); err != nil {
 			gs.Stop()
 			grpcLis.Close()
 			httpLis.Close()
