@@ -21,8 +21,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/region"
-	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/tlsconfig"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // regionConfig is the multi-region configuration (-region*).
@@ -200,16 +200,18 @@ func regionAuth(c *regionConfig, log *slog.Logger) (func(context.Context, string
 }
 
 // serveRegion serves region sync (e's ratelimitd.v1.RegionSync) alone on
-// addr, over cfg's mutual TLS, decoding requests as the gRPC port does; a
-// failure of the server goes to failed.
-func serveRegion(addr string, cfg *tls.Config, e *region.Engine, svc *service.Service, log *slog.Logger, failed chan<- error) (*grpc.Server, error) {
+// addr, over cfg's mutual TLS, decoding requests as the gRPC port does and
+// recovering panics with its recovery; a failure of the server goes to
+// failed.
+func serveRegion(addr string, cfg *tls.Config, e *region.Engine, recovery *wire.Recovery, log *slog.Logger, failed chan<- error) (*grpc.Server, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("region sync listener: %w", err)
 	}
-	opts := append(service.DecodeOptions(),
-		grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()),
-		grpc.Creds(credentials.NewTLS(cfg)))
+	// Region sync tolerates no string that is not UTF-8: its pushes are
+	// refused naming the field.
+	opts := append(wire.DecodeOptions(), recovery.ServerOptions()...)
+	opts = append(opts, grpc.Creds(credentials.NewTLS(cfg)))
 	gs := grpc.NewServer(opts...)
 	e.Register(gs)
 	go func() { failed <- fmt.Errorf("region sync server: %w", gs.Serve(lis)) }()

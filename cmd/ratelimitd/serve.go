@@ -32,6 +32,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/reload"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // evictionReportInterval is how often serve reports evictions of live keys.
@@ -156,8 +157,8 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 
 	// Requests are decoded first: descriptor bytes that are not UTF-8 are
 	// decided, other requests that do not decode are refused naming the
-	// field (service.DecodeOptions); its interceptors are the outermost.
-	grpcOpts := service.DecodeOptions()
+	// field (wire.DecodeOptions); its interceptors are the outermost.
+	grpcOpts := wire.DecodeOptions(service.Tolerance(), rlqs.Tolerance())
 	if c.tracing {
 		tp, err := newTracerProvider(ctx, c.lookupEnv)
 		if err != nil {
@@ -206,8 +207,11 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	if cons != nil {
 		observers = append(observers, cons)
 	}
+	// One panic recovery for every server, so that Service.Panics counts
+	// them all.
+	recovery := wire.NewRecovery(log)
 	svc, err := service.New(be.main, rules, service.Options{
-		Logger: log, Bounds: c.bounds,
+		Logger: log, Recovery: recovery, Bounds: c.bounds,
 		FailureMode: mode, Fallback: be.fallback, LocalShare: c.localShare, Now: be.now,
 		ResponseHeaders: c.responseHeaders, HeaderNames: c.headerNames, DynamicMetadata: c.dynamicMetadata, NearLimitRatio: c.nearLimitRatio,
 		Observer: service.Tee(observers...), EnableReset: c.enableReset, Leases: be.leases, Global: be.global,
@@ -306,10 +310,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 
 	// A panicking handler is answered Internal and logged; the process stays.
 	grpcOpts = append(grpcOpts, ref.serverOptions()...)
-	grpcOpts = append(grpcOpts,
-		grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()),
-		grpc.ChainStreamInterceptor(svc.StreamInterceptor()),
-	)
+	grpcOpts = append(grpcOpts, recovery.ServerOptions()...)
 	if grpcTLS != nil {
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(grpcTLS)))
 	}
@@ -351,7 +352,7 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	// TLS with the region's files, apart from the port Envoy calls.
 	var rs *grpc.Server
 	if regionTLS != nil {
-		if rs, err = serveRegion(c.region.addr, regionTLS, be.region, svc, log, failed); err != nil {
+		if rs, err = serveRegion(c.region.addr, regionTLS, be.region, recovery, log, failed); err != nil {
 			gs.Stop()
 			grpcLis.Close()
 			httpLis.Close()

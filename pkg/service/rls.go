@@ -95,7 +95,7 @@ func (d *rlsDescriptor) Entry(i int) (string, string) {
 // restrictive descriptor; see HeaderStyle.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := s.bounds.check(req); err != nil {
-		return nil, err.status()
+		return nil, err.Status()
 	}
 	n := len(req.Descriptors)
 	resp := &rlsv3.RateLimitResponse{

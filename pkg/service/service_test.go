@@ -30,6 +30,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // start is a whole minute, 2023-11-14T22:14:00Z, so windows of a minute or
@@ -124,9 +125,9 @@ func newFixtureOpts(t testing.TB, rules string, be algo.Backend, clk *testClock,
 		t.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
-	// As serve makes its server: requests decoded by DecodeOptions,
-	// handler panics answered, not fatal.
-	serverOpts := append(DecodeOptions(), grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()))
+	// As serve makes its server: requests decoded by wire.DecodeOptions
+	// with this service's Tolerance, handler panics answered, not fatal.
+	serverOpts := append(wire.DecodeOptions(Tolerance()), grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()))
 	gs := grpc.NewServer(serverOpts...)
 	svc.RegisterGRPC(gs)
 	go gs.Serve(lis)
