@@ -104,15 +104,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	dom := s.rules.Load().Domain(req.Domain)
 	if dom == nil {
-		if s.reporter != nil {
-			s.reporter.UnknownDomain(req.Domain, n)
-		}
-		for i := range resp.Statuses {
-			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		}
-		if s.dynamicMetadata {
-			resp.DynamicMetadata = dynamicMetadata(req, nil, resp)
-		}
+		s.unknownDomain(req, resp)
 		return resp, nil
 	}
 
@@ -172,6 +164,30 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			}
 		}
 	}
+	s.finish(req, sc, &pick, known, resp)
+	return resp, nil
+}
+
+// unknownDomain answers, in resp, every descriptor of req, a request of
+// a domain no rule file defines: OK, without a limit, and not counted.
+func (s *Service) unknownDomain(req *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse) {
+	if s.reporter != nil {
+		s.reporter.UnknownDomain(req.Domain, len(req.Descriptors))
+	}
+	for i := range resp.Statuses {
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	}
+	if s.dynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, nil, resp)
+	}
+}
+
+// finish ends resp, the answer to req decided in sc whose statuses are
+// set: its overall code, as the quota descriptors and the service's
+// shadow mode make it, and what it asks Envoy to add: the headers of the
+// most restrictive descriptor (pick) or the reference's (known: the
+// decisions carry figures), and the dynamic metadata.
+func (s *Service) finish(req *rlsv3.RateLimitRequest, sc *scratch, pick *headerPick, known bool, resp *rlsv3.RateLimitResponse) {
 	if quotaRefuses(sc) {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
@@ -179,7 +195,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		resp.OverallCode = rlsv3.RateLimitResponse_OK
 	}
 	if pick.d != nil {
-		resp.ResponseHeadersToAdd = s.responseHeaders(sc, &pick, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
+		resp.ResponseHeadersToAdd = s.responseHeaders(sc, pick, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
 	}
 	if s.headers == HeadersReference && known {
 		resp.ResponseHeadersToAdd = s.referenceHeaders(sc, resp)
@@ -187,7 +203,6 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if s.dynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, sc.checks, resp)
 	}
-	return resp, nil
 }
 
 // quotaRefuses reports whether the quota descriptors of a decided request
