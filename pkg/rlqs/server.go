@@ -993,24 +993,7 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		s.detach(ss, b, now, batch, calls)
 		return s.deny
 	}
-	pk := poolKey{domain: ss.domain, rule: r.ID, bucket: b.key}
-	var carried *member // the bucket's part of the pool it leaves, if any
-	if b.pool != nil && b.poolKey != pk {
-		carried = b.pool.members[ss.id]
-		s.detach(ss, b, now, batch, calls) // the rules were reloaded and the bucket moved
-	}
-	if b.pool == nil {
-		p := s.pools[pk]
-		if p == nil {
-			p = newPool(d.period, d.limit)
-			p.bucket = b.key
-			s.pools[pk] = p
-		}
-		p.join(ss.id, carried)
-		b.pool, b.poolKey = p, pk
-	}
-	p := b.pool
-	p.rescale(d.period, d.limit) // a reload may have changed the limit
+	p := s.joinPool(ss, b, r, d, now, batch, calls)
 	m := p.members[ss.id]
 	m.stale = time.Duration(s.opts.AbandonAfter) * b.interval
 	p.sweep(now, b.interval)
@@ -1030,15 +1013,57 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 	if s.opts.Budget == nil {
 		return m.strategy(p.assign(m, p.limit, math.MaxUint64, until), p.period, s.opts.Burst)
 	}
-	l := &p.lease
-	if l.inflight {
+	if p.lease.inflight {
 		// A renewal of the pool's lease is on its way; it takes at least
 		// the assignments in force, m's included: m may keep what it has,
 		// or less, until it settles.
 		return m.strategy(p.assign(m, p.assigned, m.assigned, until), p.period, s.opts.Burst)
 	}
-	contended := l.contended(p.limit)
 	renewal := call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}
+	return s.fromLease(p, m, renewal, now, until, qa, batch, calls)
+}
+
+// joinPool returns the pool bucket b of stream ss counts in under rule r,
+// whose limit d decides: the pool b is in, or the one of r's limit, which
+// b joins when it is in none, or in another (the rules were reloaded and
+// the bucket moved; it carries its part of the pool it leaves). The
+// pool's limit is d's, which a reload may have changed. Called with s.mu
+// held.
+func (s *Server) joinPool(ss *stream, b *streamBucket, r *config.Rule, d decision, now time.Time, batch *[]algo.Request, calls *[]call) *pool {
+	pk := poolKey{domain: ss.domain, rule: r.ID, bucket: b.key}
+	var carried *member // the bucket's part of the pool it leaves, if any
+	if b.pool != nil && b.poolKey != pk {
+		carried = b.pool.members[ss.id]
+		s.detach(ss, b, now, batch, calls) // the rules were reloaded and the bucket moved
+	}
+	if b.pool == nil {
+		p := s.pools[pk]
+		if p == nil {
+			p = newPool(d.period, d.limit)
+			p.bucket = b.key
+			s.pools[pk] = p
+		}
+		p.join(ss.id, carried)
+		b.pool, b.poolKey = p, pk
+	}
+	p := b.pool
+	p.rescale(d.period, d.limit) // a reload may have changed the limit
+	return p
+}
+
+// fromLease returns the strategy of member m of pool p, whose lease no
+// renewal is on its way for, assigned out of what the lease holds when it
+// backs an assignment for longer than its TTL; renewal is the call that
+// renews the lease. The lease may then need a call behind the answer,
+// appended to batch: what it holds over the pool's need given back, a
+// read of the budget, or a renewal before it ends. When the lease does
+// not back m's assignment, the renewal is appended to take it, and the
+// strategy is left nil: settle sets qa's once the call settles. Called
+// with s.mu held.
+func (s *Server) fromLease(p *pool, m *member, renewal call, now, until time.Time,
+	qa *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction, batch *[]algo.Request, calls *[]call) *typev3.RateLimitStrategy {
+	l := &p.lease
+	contended := l.contended(p.limit)
 	if l.backs(p.limit, now) && !p.renewal(contended) {
 		// The lease backs an assignment out of what it holds for longer
 		// than its TTL: no take. Where the budget is contended, the pool
@@ -1058,8 +1083,8 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 			// Once an interval, or at every report while the pool is
 			// short of its targets: another replica may have given back
 			// what it needs since the last look.
-			p.read(m, now, b.interval, batch, calls)
-		case !contended && !l.backs(p.limit, now.Add(renewEarly*b.interval)):
+			p.read(m, now, renewal.interval, batch, calls)
+		case !contended && !l.backs(p.limit, now.Add(renewEarly*renewal.interval)):
 			p.renew(renewal, false, now, batch, calls)
 		}
 		return m.strategy(a, p.period, s.opts.Burst)
