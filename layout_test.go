@@ -1,8 +1,13 @@
 package ratelimitd_test
 
 import (
+	"fmt"
+	"go/ast"
 	"go/build"
+	"go/parser"
+	"go/token"
 	"io/fs"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -99,6 +104,135 @@ func TestDependencyDirection(t *testing.T) {
 	for p := range allowedDeps {
 		if !seen[p] {
 			t.Errorf("allowedDeps names %s, which has no Go package", p)
+		}
+	}
+}
+
+// maxFuncLines is the most lines a function of pkg/ or cmd/ratelimitd may
+// run, counted from its func line to its closing brace inclusive. Past it a
+// function is split by meaning (issue 30), not by line count.
+const maxFuncLines = 100
+
+// longFuncsAllowed lists the known exceptions to maxFuncLines, as
+// file:function. Each must be removed from here when it is split:
+// TestFunctionsShort fails if one is no longer long, or no longer exists.
+var longFuncsAllowed = []string{
+	// cmd/ratelimitd's composition root is being rebuilt from components
+	// (issue 30); until that lands, these three stay long.
+	"cmd/ratelimitd/serve.go:run",
+	"cmd/ratelimitd/serve.go:newBackend",
+	"cmd/ratelimitd/flags.go:serveConfig.validate",
+}
+
+// TestFunctionsShort holds every function declaration and function literal
+// of pkg/ and cmd/ratelimitd (tests and generated code aside) to
+// maxFuncLines, but for longFuncsAllowed.
+func TestFunctionsShort(t *testing.T) {
+	lengths := map[string]int{} // file:function -> lines, for every function
+	for _, root := range []string{"pkg", "cmd/ratelimitd"} {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			switch {
+			case err != nil:
+				return err
+			case d.IsDir() && d.Name() == "testdata":
+				return filepath.SkipDir
+			case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") || strings.HasSuffix(path, ".pb.go"):
+				return nil
+			}
+			fset := token.NewFileSet()
+			f, err := parser.ParseFile(fset, path, nil, parser.ParseComments|parser.SkipObjectResolution)
+			if err != nil {
+				return err
+			}
+			if ast.IsGenerated(f) {
+				return nil
+			}
+			for name, lines := range funcLengths(fset, f) {
+				lengths[filepath.ToSlash(path)+":"+name] = lines
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, fn := range slices.Sorted(maps.Keys(lengths)) {
+		if lines := lengths[fn]; lines > maxFuncLines && !slices.Contains(longFuncsAllowed, fn) {
+			t.Errorf("%s is %d lines, past %d: split it by meaning into steps that each say one thing", fn, lines, maxFuncLines)
+		}
+	}
+	for _, fn := range longFuncsAllowed {
+		switch lines, ok := lengths[fn]; {
+		case !ok:
+			t.Errorf("longFuncsAllowed names %s, which no longer exists: remove it from the list", fn)
+		case lines <= maxFuncLines:
+			t.Errorf("longFuncsAllowed names %s, which is now %d lines: remove it from the list", fn, lines)
+		}
+	}
+}
+
+// funcLengths returns the length in lines of each function of f, keyed by
+// its name: Recv.name for a method, and for a function literal the name the
+// compiler gives it (Outer.func1, Outer.func1.1, glob..func1 at package
+// level).
+func funcLengths(fset *token.FileSet, f *ast.File) map[string]int {
+	lengths := map[string]int{}
+	span := func(n ast.Node) int {
+		return fset.Position(n.End()).Line - fset.Position(n.Pos()).Line + 1
+	}
+	// literals records the function literals under n, numbered within
+	// their parent the way the compiler numbers closures.
+	var literals func(parent, sep string, n ast.Node)
+	literals = func(parent, sep string, n ast.Node) {
+		count := 0
+		ast.Inspect(n, func(c ast.Node) bool {
+			lit, ok := c.(*ast.FuncLit)
+			if !ok || c == n {
+				return true
+			}
+			count++
+			name := fmt.Sprintf("%s%s%d", parent, sep, count)
+			lengths[name] = span(lit)
+			literals(name, ".", lit.Body)
+			return false
+		})
+	}
+	for _, decl := range f.Decls {
+		fn, ok := decl.(*ast.FuncDecl)
+		if !ok {
+			literals("glob.", ".func", decl)
+			continue
+		}
+		name := fn.Name.Name
+		if fn.Recv != nil && len(fn.Recv.List) == 1 {
+			name = receiverType(fn.Recv.List[0].Type) + "." + name
+		}
+		if fn.Body == nil {
+			continue
+		}
+		lengths[name] = span(fn)
+		literals(name, ".func", fn.Body)
+	}
+	return lengths
+}
+
+// receiverType names a method's receiver type without its pointer or type
+// parameters: T for T, *T, T[K] and *T[K, V].
+func receiverType(e ast.Expr) string {
+	for {
+		switch x := e.(type) {
+		case *ast.StarExpr:
+			e = x.X
+		case *ast.IndexExpr:
+			e = x.X
+		case *ast.IndexListExpr:
+			e = x.X
+		case *ast.ParenExpr:
+			e = x.X
+		case *ast.Ident:
+			return x.Name
+		default:
+			return "?"
 		}
 	}
 }

@@ -61,25 +61,7 @@ type asset struct {
 // [ContentSecurityPolicy]; the POSTs are refused (403) from other origins
 // (http.CrossOriginProtection) and unless their body is JSON.
 func (c *Console) Handler(svc *service.Service) http.Handler {
-	assets := map[string]asset{}
-	err := fs.WalkDir(uiFiles, "ui", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		body, err := uiFiles.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		sum := sha256.Sum256(body)
-		assets[path.Base(p)] = asset{body: body, contentType: mime.TypeByExtension(path.Ext(p)), etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
-		return nil
-	})
-	if err != nil {
-		panic("console: reading the embedded page: " + err.Error()) // the binary is broken
-	}
-	assets[""] = assets["index.html"]
-	delete(assets, "index.html")
-
+	assets := embeddedAssets()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ui", func(w http.ResponseWriter, r *http.Request) {
 		// Relative, so that a proxy serving the console under a prefix
@@ -119,7 +101,43 @@ func (c *Console) Handler(svc *service.Service) http.Handler {
 		resp, err := svc.API().Peek(r.Context(), pr)
 		writeProto(w, resp, err)
 	})
-	mux.HandleFunc("POST /ui/api/reset", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST /ui/api/reset", c.serveReset(svc))
+	mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
+		service.WriteJSONError(w, http.StatusNotFound, "no such page of the ops console")
+	})
+	return guarded(mux)
+}
+
+// embeddedAssets returns the files of the embedded page by name, the page
+// itself (index.html) under "", each with its content type and ETag. It
+// panics when they cannot be read: the binary is broken.
+func embeddedAssets() map[string]asset {
+	assets := map[string]asset{}
+	err := fs.WalkDir(uiFiles, "ui", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		body, err := uiFiles.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		sum := sha256.Sum256(body)
+		assets[path.Base(p)] = asset{body: body, contentType: mime.TypeByExtension(path.Ext(p)), etag: `"` + hex.EncodeToString(sum[:8]) + `"`}
+		return nil
+	})
+	if err != nil {
+		panic("console: reading the embedded page: " + err.Error()) // the binary is broken
+	}
+	assets[""] = assets["index.html"]
+	delete(assets, "index.html")
+	return assets
+}
+
+// serveReset answers POST /ui/api/reset: the counters of the one
+// descriptor of the request reset through svc's own API, and logged;
+// 403 unless svc allows resets.
+func (c *Console) serveReset(svc *service.Service) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		if !svc.ResetEnabled() {
 			service.WriteJSONError(w, http.StatusForbidden, "reset is off: start the server with -enable-reset to let operators clear counters")
 			return
@@ -139,16 +157,18 @@ func (c *Console) Handler(svc *service.Service) http.Handler {
 				"counters", resp.GetCounters(), "remote", r.RemoteAddr)
 		}
 		writeProto(w, resp, err)
-	})
-	mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
-		service.WriteJSONError(w, http.StatusNotFound, "no such page of the ops console")
-	})
+	}
+}
 
+// guarded returns next refusing cross-origin requests that change state
+// (http.CrossOriginProtection), every answer forbidding caching and
+// framing and carrying ContentSecurityPolicy.
+func guarded(next http.Handler) http.Handler {
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		service.WriteJSONError(w, http.StatusForbidden, "cross-origin request refused: the console's calls come from its own page")
 	}))
-	protected := cop.Handler(mux)
+	protected := cop.Handler(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Content-Security-Policy", ContentSecurityPolicy)

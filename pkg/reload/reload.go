@@ -220,39 +220,9 @@ func (w *Watcher) LastReload() time.Time {
 // never called holds its fsnotify watch until the process exits.
 func (w *Watcher) Run(ctx context.Context) error {
 	defer w.fsw.Close()
-	timer := time.NewTimer(w.debounce)
-	defer timer.Stop()
-	pending, burstStart := true, time.Now()
-	schedule := func() {
-		now := time.Now()
-		if !pending {
-			pending, burstStart = true, now
-		}
-		d := min(w.debounce, max(burstStart.Add(w.maxWait).Sub(now), 0))
-		timer.Reset(d)
-	}
-
-	watching := true
-	var retry *time.Ticker
-	var retryC <-chan time.Time
-	stopRetry := func() {
-		if retry != nil {
-			retry.Stop()
-			retry, retryC = nil, nil
-		}
-	}
-	defer stopRetry()
-	rewatch := func() bool {
-		if err := w.fsw.Add(w.dir); err != nil {
-			return false
-		}
-		watching = true
-		stopRetry()
-		w.log.Info("watching rules again", "dir", w.dir)
-		schedule()
-		return true
-	}
-
+	r := &runState{w: w, timer: time.NewTimer(w.debounce), pending: true, burstStart: time.Now(), watching: true}
+	defer r.timer.Stop()
+	defer r.stopRetry()
 	events, errs := w.fsw.Events, w.fsw.Errors
 	for {
 		select {
@@ -263,45 +233,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 				events = nil
 				continue
 			}
-			if name := filepath.Clean(ev.Name); slices.Contains(w.links, name) {
-				// A link on the path was replaced: the directory watched
-				// is the old target's. Watch the new one, and load it.
-				if ev.Has(fsnotify.Create) && watching {
-					_ = w.fsw.Remove(w.dir)
-					if err := w.fsw.Add(w.dir); err != nil {
-						watching = false
-						w.log.Warn("rules directory gone after a link swap; keeping the rules in force", "dir", w.dir, "link", name, "retry_every", w.retry)
-						retry = time.NewTicker(w.retry)
-						retryC = retry.C
-						continue
-					}
-					w.log.Info("a link on the rules path was replaced; loading its new target", "link", name)
-					schedule()
-				}
-				continue
-			} else if parent := filepath.Dir(name); name != w.dir && parent != w.dir && !w.subdirs[parent] {
-				continue // another name in a link's directory
-			}
-			if w.subdirs[filepath.Clean(ev.Name)] && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				delete(w.subdirs, filepath.Clean(ev.Name)) // fsnotify drops its watch
-				schedule()
-				continue
-			}
-			if filepath.Clean(ev.Name) == w.dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
-				if watching {
-					watching = false
-					w.log.Warn("rules directory gone; keeping the rules in force", "dir", w.dir, "op", ev.Op.String(), "retry_every", w.retry)
-					_ = w.fsw.Remove(w.dir) // gone already on most systems
-					if !rewatch() {
-						retry = time.NewTicker(w.retry)
-						retryC = retry.C
-					}
-				}
-				continue
-			}
-			if w.relevant(ev.Name) {
-				schedule()
-			}
+			r.event(ev)
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil
@@ -309,17 +241,124 @@ func (w *Watcher) Run(ctx context.Context) error {
 			}
 			w.log.Warn("watching rules", "dir", w.dir, "error", err)
 			if errors.Is(err, fsnotify.ErrEventOverflow) {
-				schedule()
+				r.schedule()
 			}
-		case <-retryC:
-			rewatch()
-		case <-timer.C:
-			pending = false
-			if watching {
+		case <-r.retryC:
+			r.rewatch()
+		case <-r.timer.C:
+			r.pending = false
+			if r.watching {
 				w.load()
 			}
 		}
 	}
+}
+
+// runState is the state of the loop of [Watcher.Run], on its goroutine.
+type runState struct {
+	w *Watcher
+	// timer fires the load of a burst of events; pending is set from its
+	// first event, at burstStart, until the load.
+	timer      *time.Timer
+	pending    bool
+	burstStart time.Time
+	// watching is false while the directory watched is gone; retry then
+	// ticks on retryC, every Watcher.retry, to watch it again.
+	watching bool
+	retry    *time.Ticker
+	retryC   <-chan time.Time
+}
+
+// schedule sets the load of the burst an event belongs to (or starts) for
+// a Debounce from now, and at most maxWait after the burst's first event.
+func (r *runState) schedule() {
+	now := time.Now()
+	if !r.pending {
+		r.pending, r.burstStart = true, now
+	}
+	d := min(r.w.debounce, max(r.burstStart.Add(r.w.maxWait).Sub(now), 0))
+	r.timer.Reset(d)
+}
+
+// startRetry starts trying, every Watcher.retry, to watch the directory
+// again.
+func (r *runState) startRetry() {
+	r.retry = time.NewTicker(r.w.retry)
+	r.retryC = r.retry.C
+}
+
+// stopRetry stops trying to watch the directory again.
+func (r *runState) stopRetry() {
+	if r.retry != nil {
+		r.retry.Stop()
+		r.retry, r.retryC = nil, nil
+	}
+}
+
+// rewatch tries to watch the directory again; once it does, it stops
+// retrying and schedules a load.
+func (r *runState) rewatch() bool {
+	if err := r.w.fsw.Add(r.w.dir); err != nil {
+		return false
+	}
+	r.watching = true
+	r.stopRetry()
+	r.w.log.Info("watching rules again", "dir", r.w.dir)
+	r.schedule()
+	return true
+}
+
+// event handles one event of the watch: a link on the path replaced, a
+// subdirectory or the directory itself gone, or a file config.Load reads
+// changed, which schedules a load. Events on other names are ignored.
+func (r *runState) event(ev fsnotify.Event) {
+	w := r.w
+	name := filepath.Clean(ev.Name)
+	if slices.Contains(w.links, name) {
+		if ev.Has(fsnotify.Create) && r.watching {
+			r.linkReplaced(name)
+		}
+		return
+	}
+	if parent := filepath.Dir(name); name != w.dir && parent != w.dir && !w.subdirs[parent] {
+		return // another name in a link's directory
+	}
+	if w.subdirs[name] && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+		delete(w.subdirs, name) // fsnotify drops its watch
+		r.schedule()
+		return
+	}
+	if name == w.dir && ev.Has(fsnotify.Remove|fsnotify.Rename) {
+		if r.watching {
+			r.watching = false
+			w.log.Warn("rules directory gone; keeping the rules in force", "dir", w.dir, "op", ev.Op.String(), "retry_every", w.retry)
+			_ = w.fsw.Remove(w.dir) // gone already on most systems
+			if !r.rewatch() {
+				r.startRetry()
+			}
+		}
+		return
+	}
+	if w.relevant(ev.Name) {
+		r.schedule()
+	}
+}
+
+// linkReplaced follows link, a link on the path created anew: the
+// directory watched is the old target's. It watches the new one, and
+// schedules its load; when the new target is gone already, it keeps the
+// rules in force and retries.
+func (r *runState) linkReplaced(link string) {
+	w := r.w
+	_ = w.fsw.Remove(w.dir)
+	if err := w.fsw.Add(w.dir); err != nil {
+		r.watching = false
+		w.log.Warn("rules directory gone after a link swap; keeping the rules in force", "dir", w.dir, "link", link, "retry_every", w.retry)
+		r.startRetry()
+		return
+	}
+	w.log.Info("a link on the rules path was replaced; loading its new target", "link", link)
+	r.schedule()
 }
 
 // relevant reports whether an event on name may change what config.Load

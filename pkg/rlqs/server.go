@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -521,17 +522,8 @@ func (s *Server) Close() {
 // that still back them, reads of the budget), the response is given
 // before the store answers them; otherwise once it has.
 func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answer func(*rlqsv3.RateLimitQuotaResponse)) error {
-	switch d := rep.GetDomain(); {
-	case ss.domain == "" && d == "":
-		return status.Error(codes.InvalidArgument, "the first report of a stream must name its domain")
-	case ss.domain == "" && len(d) > maxDomainLen:
-		return status.Errorf(codes.InvalidArgument, "domain of %d bytes: at most %d are accepted", len(d), maxDomainLen)
-	case !utf8.ValidString(d):
-		return status.Errorf(codes.InvalidArgument, "domain %q is not UTF-8", d)
-	case ss.domain == "":
-		ss.domain = d
-	case d != "" && d != ss.domain:
-		return status.Errorf(codes.InvalidArgument, "report for domain %q on a stream of domain %q: a stream keeps the domain of its first report; open another stream", d, ss.domain)
+	if err := ss.adoptDomain(rep.GetDomain()); err != nil {
+		return err
 	}
 	usages := rep.GetBucketQuotaUsages()
 	if len(usages) > s.opts.MaxBuckets {
@@ -539,56 +531,11 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 	}
 	descs := make([]bucketDescriptor, len(usages))
 	keys := make([]string, len(usages))
-	index := make(map[string]int, len(usages))
-	var kb []byte
-	// A bucket id that is not UTF-8 cannot be answered: Envoy's filter
-	// builds ids from request headers byte for byte and sends them, but
-	// its protobuf refuses a response holding such a string (proto3
-	// strings are checked when parsed, only logged when serialized:
-	// protocolbuffers/protobuf issue 7364), so an answer naming the bucket
-	// would break the stream, and every bucket of that Envoy would lose
-	// its assignment. The bucket is left out of the answer (Envoy's
-	// no_assignment_behavior decides it) and counted; the others are
-	// answered.
-	var unanswerable []int
-	for i, u := range usages {
-		id := u.GetBucketId().GetBucket()
-		// A bucket the stream holds was checked when it was first
-		// reported: it is found by its key, without a new descriptor.
-		var ok bool
-		if kb, ok = appendBucketKey(kb[:0], id); ok {
-			if b := ss.buckets[string(kb)]; b != nil {
-				descs[i], keys[i] = b.desc, b.key
-			}
-		}
-		if descs[i] == nil {
-			d, err := newBucketDescriptor(id)
-			if errors.Is(err, errNotUTF8) {
-				unanswerable = append(unanswerable, i)
-				continue
-			}
-			if err != nil {
-				return status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: %v", i, err)
-			}
-			descs[i], keys[i] = d, d.key()
-		}
-		if te := u.GetTimeElapsed(); te != nil && (te.CheckValid() != nil || te.AsDuration() < 0) {
-			return status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: time_elapsed %v is not a duration of 0 or more", i, te)
-		}
-		if j, dup := index[keys[i]]; dup {
-			return status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: bucket_id %v repeats bucket_quota_usages[%d]; report each bucket once", i, descs[i], j)
-		}
-		index[keys[i]] = i
+	unanswerable, err := ss.parseUsages(usages, descs, keys)
+	if err != nil {
+		return err
 	}
-
-	if len(unanswerable) > 0 {
-		s.counts.notUTF8.Add(uint64(len(unanswerable)))
-		if !ss.warnedUTF8 {
-			ss.warnedUTF8 = true
-			s.opts.Logger.Warn("rlqs: bucket ids that are not UTF-8 are left unanswered (Envoy could not read an answer naming them); its no_assignment_behavior decides them. Logged once per stream; ratelimitd_rlqs_buckets_not_utf8_total counts them",
-				"stream", ss.id, "domain", ss.domain, "bucket_id", fmt.Sprintf("%q", usages[unanswerable[0]].GetBucketId().GetBucket()))
-		}
-	}
+	s.countNotUTF8(ss, usages, descs, unanswerable)
 	var dom *config.Domain
 	if rules := s.opts.Rules(); rules != nil {
 		dom = rules.Domain(ss.domain)
@@ -614,15 +561,9 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 	resp := &rlqsv3.RateLimitQuotaResponse{BucketAction: make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, 0, len(usages))}
 
 	s.mu.Lock()
-	added := 0
-	for i, k := range keys {
-		if descs[i] != nil && ss.buckets[k] == nil {
-			added++
-		}
-	}
-	if len(ss.buckets)+added > s.opts.MaxStreamBuckets {
+	if err := s.checkRoom(ss, descs, keys); err != nil {
 		s.mu.Unlock()
-		return status.Errorf(codes.ResourceExhausted, "the stream would hold %d buckets: at most %d are accepted per stream", len(ss.buckets)+added, s.opts.MaxStreamBuckets)
+		return err
 	}
 	var batch []algo.Request // with a Budget: gives, then takes and announcements
 	var calls []call
@@ -634,9 +575,134 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 		batch, calls = sc.batch, sc.calls
 		defer func() { sc.batch, sc.calls = batch, calls }()
 	}
+	s.assignReported(ss, usages, descs, keys, dom, now, resp, &batch, &calls)
+	s.abandonSilent(ss, now, resp, &batch, &calls)
+	s.mu.Unlock()
+	behind := len(batch) > 0 && !waits(calls)
+	if len(batch) > 0 && !behind {
+		s.settle(batch, calls)
+	}
+	release()
+	answer(resp)
+	if behind {
+		s.behind <- struct{}{}
+		defer func() { <-s.behind }()
+		s.settle(batch, calls)
+	}
+	return nil
+}
+
+// adoptDomain checks the domain d a report of ss names, and makes it the
+// stream's on its first report; a later report may name the same domain or
+// none.
+func (ss *stream) adoptDomain(d string) error {
+	switch {
+	case ss.domain == "" && d == "":
+		return status.Error(codes.InvalidArgument, "the first report of a stream must name its domain")
+	case ss.domain == "" && len(d) > maxDomainLen:
+		return status.Errorf(codes.InvalidArgument, "domain of %d bytes: at most %d are accepted", len(d), maxDomainLen)
+	case !utf8.ValidString(d):
+		return status.Errorf(codes.InvalidArgument, "domain %q is not UTF-8", d)
+	case ss.domain == "":
+		ss.domain = d
+	case d != "" && d != ss.domain:
+		return status.Errorf(codes.InvalidArgument, "report for domain %q on a stream of domain %q: a stream keeps the domain of its first report; open another stream", d, ss.domain)
+	}
+	return nil
+}
+
+// parseUsages checks the bucket usages of a report of ss and sets the
+// descriptor and key of each in descs and keys (as long as usages), or
+// returns an InvalidArgument error for a report it refuses whole: a bucket
+// id or time_elapsed it cannot read, a bucket reported twice.
+//
+// A bucket id that is not UTF-8 cannot be answered: Envoy's filter builds
+// ids from request headers byte for byte and sends them, but its protobuf
+// refuses a response holding such a string (proto3 strings are checked
+// when parsed, only logged when serialized: protocolbuffers/protobuf issue
+// 7364), so an answer naming the bucket would break the stream, and every
+// bucket of that Envoy would lose its assignment. Such a bucket is left
+// out of the answer (Envoy's no_assignment_behavior decides it): its
+// descriptor is left nil, and unanswerable counts it. The others are
+// answered.
+func (ss *stream) parseUsages(usages []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, descs []bucketDescriptor, keys []string) (unanswerable int, _ error) {
+	index := make(map[string]int, len(usages))
+	var kb []byte
+	for i, u := range usages {
+		id := u.GetBucketId().GetBucket()
+		// A bucket the stream holds was checked when it was first
+		// reported: it is found by its key, without a new descriptor.
+		var ok bool
+		if kb, ok = appendBucketKey(kb[:0], id); ok {
+			if b := ss.buckets[string(kb)]; b != nil {
+				descs[i], keys[i] = b.desc, b.key
+			}
+		}
+		if descs[i] == nil {
+			d, err := newBucketDescriptor(id)
+			if errors.Is(err, errNotUTF8) {
+				unanswerable++
+				continue
+			}
+			if err != nil {
+				return 0, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: %v", i, err)
+			}
+			descs[i], keys[i] = d, d.key()
+		}
+		if te := u.GetTimeElapsed(); te != nil && (te.CheckValid() != nil || te.AsDuration() < 0) {
+			return 0, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: time_elapsed %v is not a duration of 0 or more", i, te)
+		}
+		if j, dup := index[keys[i]]; dup {
+			return 0, status.Errorf(codes.InvalidArgument, "bucket_quota_usages[%d]: bucket_id %v repeats bucket_quota_usages[%d]; report each bucket once", i, descs[i], j)
+		}
+		index[keys[i]] = i
+	}
+	return unanswerable, nil
+}
+
+// countNotUTF8 counts the unanswerable buckets of a report of ss, those
+// whose ids are not UTF-8 (a nil descriptor in descs, as parseUsages sets
+// them), and logs the first of the stream's.
+func (s *Server) countNotUTF8(ss *stream, usages []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, descs []bucketDescriptor, unanswerable int) {
+	if unanswerable == 0 {
+		return
+	}
+	s.counts.notUTF8.Add(uint64(unanswerable))
+	if !ss.warnedUTF8 {
+		ss.warnedUTF8 = true
+		first := slices.IndexFunc(descs, func(d bucketDescriptor) bool { return d == nil })
+		s.opts.Logger.Warn("rlqs: bucket ids that are not UTF-8 are left unanswered (Envoy could not read an answer naming them); its no_assignment_behavior decides them. Logged once per stream; ratelimitd_rlqs_buckets_not_utf8_total counts them",
+			"stream", ss.id, "domain", ss.domain, "bucket_id", fmt.Sprintf("%q", usages[first].GetBucketId().GetBucket()))
+	}
+}
+
+// checkRoom returns a ResourceExhausted error when the buckets of a
+// report (descs and keys, as parseUsages returns them) that ss does not
+// hold yet would take it past MaxStreamBuckets. Called with s.mu held.
+func (s *Server) checkRoom(ss *stream, descs []bucketDescriptor, keys []string) error {
+	added := 0
+	for i, k := range keys {
+		if descs[i] != nil && ss.buckets[k] == nil {
+			added++
+		}
+	}
+	if len(ss.buckets)+added > s.opts.MaxStreamBuckets {
+		return status.Errorf(codes.ResourceExhausted, "the stream would hold %d buckets: at most %d are accepted per stream", len(ss.buckets)+added, s.opts.MaxStreamBuckets)
+	}
+	return nil
+}
+
+// assignReported decides each bucket a report of ss received at now
+// counts (descs and keys, as parseUsages returns them; a nil descriptor
+// is left out), under the rules of domain dom (nil: none), and appends
+// its assignment to resp. A bucket reported for the first time is added
+// to the stream. Called with s.mu held; budget calls go to batch and
+// calls.
+func (s *Server) assignReported(ss *stream, usages []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, descs []bucketDescriptor, keys []string,
+	dom *config.Domain, now time.Time, resp *rlqsv3.RateLimitQuotaResponse, batch *[]algo.Request, calls *[]call) {
 	for i, u := range usages {
 		if descs[i] == nil {
-			continue // not UTF-8: see above
+			continue // not UTF-8: see parseUsages
 		}
 		b := ss.buckets[keys[i]]
 		first := b == nil
@@ -653,35 +719,27 @@ func (s *Server) handle(ss *stream, rep *rlqsv3.RateLimitQuotaUsageReports, answ
 			r = dom.Match(b.desc)
 		}
 		s.track(b, refOf(ss, r), float64(u.GetNumRequestsAllowed())/elapsed.Seconds())
-		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, rate, now, &batch, &calls))
+		resp.BucketAction = append(resp.BucketAction, s.assignment(ss, b, r, rate, now, batch, calls))
 	}
-	// Buckets the stream stopped reporting are abandoned. A client
-	// reports its buckets on one timer, so the stream's interval counts.
+}
+
+// abandonSilent abandons the buckets ss stopped reporting, appending
+// their abandon_action to resp: they leave their pools and the stream. A
+// client reports its buckets on one timer, so the stream's interval
+// counts. Called with s.mu held; budget calls go to batch and calls.
+func (s *Server) abandonSilent(ss *stream, now time.Time, resp *rlqsv3.RateLimitQuotaResponse, batch *[]algo.Request, calls *[]call) {
 	for k, b := range ss.buckets {
 		if now.Sub(b.last) > time.Duration(s.opts.AbandonAfter)*cmp.Or(ss.interval, b.interval) {
 			resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{
 				BucketId:     b.id,
 				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}},
 			})
-			s.detach(ss, b, now, &batch, &calls)
+			s.detach(ss, b, now, batch, calls)
 			s.track(b, ruleRef{}, 0)
 			delete(ss.buckets, k)
 			s.counts.buckets--
 		}
 	}
-	s.mu.Unlock()
-	behind := len(batch) > 0 && !waits(calls)
-	if len(batch) > 0 && !behind {
-		s.settle(batch, calls)
-	}
-	release()
-	answer(resp)
-	if behind {
-		s.behind <- struct{}{}
-		defer func() { <-s.behind }()
-		s.settle(batch, calls)
-	}
-	return nil
 }
 
 // elapsed returns the time the counts of a report of bucket b, received
@@ -935,24 +993,7 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 		s.detach(ss, b, now, batch, calls)
 		return s.deny
 	}
-	pk := poolKey{domain: ss.domain, rule: r.ID, bucket: b.key}
-	var carried *member // the bucket's part of the pool it leaves, if any
-	if b.pool != nil && b.poolKey != pk {
-		carried = b.pool.members[ss.id]
-		s.detach(ss, b, now, batch, calls) // the rules were reloaded and the bucket moved
-	}
-	if b.pool == nil {
-		p := s.pools[pk]
-		if p == nil {
-			p = newPool(d.period, d.limit)
-			p.bucket = b.key
-			s.pools[pk] = p
-		}
-		p.join(ss.id, carried)
-		b.pool, b.poolKey = p, pk
-	}
-	p := b.pool
-	p.rescale(d.period, d.limit) // a reload may have changed the limit
+	p := s.joinPool(ss, b, r, d, now, batch, calls)
 	m := p.members[ss.id]
 	m.stale = time.Duration(s.opts.AbandonAfter) * b.interval
 	p.sweep(now, b.interval)
@@ -972,15 +1013,57 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 	if s.opts.Budget == nil {
 		return m.strategy(p.assign(m, p.limit, math.MaxUint64, until), p.period, s.opts.Burst)
 	}
-	l := &p.lease
-	if l.inflight {
+	if p.lease.inflight {
 		// A renewal of the pool's lease is on its way; it takes at least
 		// the assignments in force, m's included: m may keep what it has,
 		// or less, until it settles.
 		return m.strategy(p.assign(m, p.assigned, m.assigned, until), p.period, s.opts.Burst)
 	}
-	contended := l.contended(p.limit)
 	renewal := call{keys: p.storeKeys(ss.domain, r.ID, b.desc), ttl: ttl, renew: ttl + ledgerGrace, interval: b.interval}
+	return s.fromLease(p, m, renewal, now, until, qa, batch, calls)
+}
+
+// joinPool returns the pool bucket b of stream ss counts in under rule r,
+// whose limit d decides: the pool b is in, or the one of r's limit, which
+// b joins when it is in none, or in another (the rules were reloaded and
+// the bucket moved; it carries its part of the pool it leaves). The
+// pool's limit is d's, which a reload may have changed. Called with s.mu
+// held.
+func (s *Server) joinPool(ss *stream, b *streamBucket, r *config.Rule, d decision, now time.Time, batch *[]algo.Request, calls *[]call) *pool {
+	pk := poolKey{domain: ss.domain, rule: r.ID, bucket: b.key}
+	var carried *member // the bucket's part of the pool it leaves, if any
+	if b.pool != nil && b.poolKey != pk {
+		carried = b.pool.members[ss.id]
+		s.detach(ss, b, now, batch, calls) // the rules were reloaded and the bucket moved
+	}
+	if b.pool == nil {
+		p := s.pools[pk]
+		if p == nil {
+			p = newPool(d.period, d.limit)
+			p.bucket = b.key
+			s.pools[pk] = p
+		}
+		p.join(ss.id, carried)
+		b.pool, b.poolKey = p, pk
+	}
+	p := b.pool
+	p.rescale(d.period, d.limit) // a reload may have changed the limit
+	return p
+}
+
+// fromLease returns the strategy of member m of pool p, whose lease no
+// renewal is on its way for, assigned out of what the lease holds when it
+// backs an assignment for longer than its TTL; renewal is the call that
+// renews the lease. The lease may then need a call behind the answer,
+// appended to batch: what it holds over the pool's need given back, a
+// read of the budget, or a renewal before it ends. When the lease does
+// not back m's assignment, the renewal is appended to take it, and the
+// strategy is left nil: settle sets qa's once the call settles. Called
+// with s.mu held.
+func (s *Server) fromLease(p *pool, m *member, renewal call, now, until time.Time,
+	qa *rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction, batch *[]algo.Request, calls *[]call) *typev3.RateLimitStrategy {
+	l := &p.lease
+	contended := l.contended(p.limit)
 	if l.backs(p.limit, now) && !p.renewal(contended) {
 		// The lease backs an assignment out of what it holds for longer
 		// than its TTL: no take. Where the budget is contended, the pool
@@ -1000,8 +1083,8 @@ func (s *Server) decide(ss *stream, b *streamBucket, r *config.Rule, rate float6
 			// Once an interval, or at every report while the pool is
 			// short of its targets: another replica may have given back
 			// what it needs since the last look.
-			p.read(m, now, b.interval, batch, calls)
-		case !contended && !l.backs(p.limit, now.Add(renewEarly*b.interval)):
+			p.read(m, now, renewal.interval, batch, calls)
+		case !contended && !l.backs(p.limit, now.Add(renewEarly*renewal.interval)):
 			p.renew(renewal, false, now, batch, calls)
 		}
 		return m.strategy(a, p.period, s.opts.Burst)

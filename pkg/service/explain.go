@@ -298,16 +298,7 @@ func (s *Service) explain(ctx context.Context, req *rlsv3.RateLimitRequest) *Exp
 
 	dom := rules.Domain(req.Domain)
 	if dom == nil {
-		why := fmt.Sprintf("domain %q is not defined by any rule file (%s): the descriptor is answered OK without a limit and is not counted",
-			req.Domain, knownDomains(rules))
-		for i, d := range req.Descriptors {
-			ed := &resp.Descriptors[i]
-			ed.Result, ed.NoMatchReason = ExplainNoMatch, "unknown_domain"
-			ed.Why = []string{why}
-			if d.GetLimit() != nil {
-				ed.Why = append(ed.Why, "its limit override does not apply either: overrides apply only in a known domain")
-			}
-		}
+		unknownDomainExplained(req, rules, resp)
 		return resp
 	}
 	resp.DomainKnown, resp.DomainFile = true, dom.File
@@ -319,77 +310,105 @@ func (s *Service) explain(ctx context.Context, req *rlsv3.RateLimitRequest) *Exp
 	sc := &scratch{checks: make([]check, len(req.Descriptors))}
 	planSlots(sc, dom, req, true, algo.Holder{})
 	s.slotsExplained(ctx, sc, resp)
-
 	for i, d := range req.Descriptors {
-		ed := &resp.Descriptors[i]
-		c := &sc.checks[i]
-		if c.kind == counted {
-			for _, r := range sc.reqs[c.req : c.req+c.n] {
-				ed.Keys = append(ed.Keys, printableKey(r.Key))
-			}
-			ed.Leases = s.leasesExplained(sc.reqs[c.req : c.req+c.n])
-			ed.Global = s.globalExplained(sc.reqs[c.req : c.req+c.n])
-		}
-		if c.override != nil {
-			ed.Result = ExplainOverride
-			ed.Override = overrideExplained(c.override, s.overLimit)
-			ed.Why = []string{fmt.Sprintf("the descriptor carries its own limit (%s): it is counted under it, in a counter of its own, and the rules are not consulted",
-				limitText(*ed.Override))}
-			continue
-		}
-		// plan matched with Match; Explain says how, and agrees with it.
-		x := dom.Explain((*rlsDescriptor)(d))
-		ed.Levels = levelsExplained(x.Steps)
-		ed.Why = x.Why()
-		if c.rule != nil {
-			ed.Rule = ruleExplained(c.rule, s.overLimit)
-		}
-		switch c.kind {
-		case noMatch:
-			ed.Result, ed.NoMatchReason = ExplainNoMatch, x.Outcome.String()
-			ed.Why = append(ed.Why, "the descriptor is answered OK without a limit and is not counted")
-		case unlimited:
-			ed.Result = ExplainUnlimited
-			ed.Why = append(ed.Why, fmt.Sprintf("rule %s is unlimited: the descriptor is admitted without being counted", c.rule.ID))
-		case replaced:
-			ed.Result = ExplainReplaced
-			if j, name := replacerOf(sc.checks, c.rule); j >= 0 {
-				by := sc.checks[j].rule
-				ed.ReplacedBy, ed.ReplacedName = by.ID, name
-				ed.Why = append(ed.Why, fmt.Sprintf("rule %s is replaced by rule %s (%s:%d), matched by descriptors[%d] of this request, which replaces %q: the descriptor is answered OK without a limit and is not counted",
-					c.rule.ID, by.ID, by.File, by.Line, j, name))
-			}
-		case counted:
-			ed.Shadow = c.rule.ShadowMode
-			if c.n == 0 {
-				ed.Result = ExplainConcurrency
-				ed.Why = append(ed.Why, fmt.Sprintf("rule %s limits only requests in flight: Acquire takes one of its slots; ShouldRateLimit, Check and Peek answer OK without a limit, having no way to give a slot back",
-					c.rule.ID))
-				ed.Why = append(ed.Why, slotsWhy(c.rule, ed.Slots)...)
-				break
-			}
-			ed.Result = ExplainMatched
-			limits := make([]string, len(ed.Rule.Limits))
-			for j, l := range ed.Rule.Limits {
-				limits[j] = limitText(l)
-			}
-			if len(limits) == 1 {
-				ed.Why = append(ed.Why, "the descriptor is counted under "+limits[0])
-			} else {
-				ed.Why = append(ed.Why, fmt.Sprintf("the descriptor is counted under %s, decided together: over any of them refuses it", strings.Join(limits, " and ")))
-			}
-			if ed.Shadow {
-				ed.Why = append(ed.Why, fmt.Sprintf("rule %s is in shadow mode: decided and counted like any other, but it never causes a refusal (OK, with 0 remaining when over)", c.rule.ID))
-			}
-			ed.Why = append(ed.Why, s.leasesWhy(c.rule, ed.Leases)...)
-			ed.Why = append(ed.Why, s.globalWhy(c.rule, ed.Global)...)
-			if c.slot >= 0 {
-				ed.Why = append(ed.Why, fmt.Sprintf("rule %s also limits requests in flight: Acquire takes one of its slots with the count; ShouldRateLimit, Check and Peek decide its rate limits only", c.rule.ID))
-				ed.Why = append(ed.Why, slotsWhy(c.rule, ed.Slots)...)
-			}
-		}
+		s.descriptorExplained(dom, sc, i, d, &resp.Descriptors[i])
 	}
 	return resp
+}
+
+// unknownDomainExplained explains every descriptor of req, whose domain
+// no rule file of rules defines, in resp: no match.
+func unknownDomainExplained(req *rlsv3.RateLimitRequest, rules *config.Rules, resp *ExplainResponse) {
+	why := fmt.Sprintf("domain %q is not defined by any rule file (%s): the descriptor is answered OK without a limit and is not counted",
+		req.Domain, knownDomains(rules))
+	for i, d := range req.Descriptors {
+		ed := &resp.Descriptors[i]
+		ed.Result, ed.NoMatchReason = ExplainNoMatch, "unknown_domain"
+		ed.Why = []string{why}
+		if d.GetLimit() != nil {
+			ed.Why = append(ed.Why, "its limit override does not apply either: overrides apply only in a known domain")
+		}
+	}
+}
+
+// descriptorExplained explains in ed descriptor d, the i-th of a request
+// of domain dom planned in sc (its slots already explained): its keys,
+// leases and global counts when it is counted, then its override, or the
+// walk down dom's rules, the rule matched and the result.
+func (s *Service) descriptorExplained(dom *config.Domain, sc *scratch, i int, d *rlv3.RateLimitDescriptor, ed *ExplainDescriptor) {
+	c := &sc.checks[i]
+	if c.kind == counted {
+		for _, r := range sc.reqs[c.req : c.req+c.n] {
+			ed.Keys = append(ed.Keys, printableKey(r.Key))
+		}
+		ed.Leases = s.leasesExplained(sc.reqs[c.req : c.req+c.n])
+		ed.Global = s.globalExplained(sc.reqs[c.req : c.req+c.n])
+	}
+	if c.override != nil {
+		ed.Result = ExplainOverride
+		ed.Override = overrideExplained(c.override, s.overLimit)
+		ed.Why = []string{fmt.Sprintf("the descriptor carries its own limit (%s): it is counted under it, in a counter of its own, and the rules are not consulted",
+			limitText(*ed.Override))}
+		return
+	}
+	// plan matched with Match; Explain says how, and agrees with it.
+	x := dom.Explain((*rlsDescriptor)(d))
+	ed.Levels = levelsExplained(x.Steps)
+	ed.Why = x.Why()
+	if c.rule != nil {
+		ed.Rule = ruleExplained(c.rule, s.overLimit)
+	}
+	switch c.kind {
+	case noMatch:
+		ed.Result, ed.NoMatchReason = ExplainNoMatch, x.Outcome.String()
+		ed.Why = append(ed.Why, "the descriptor is answered OK without a limit and is not counted")
+	case unlimited:
+		ed.Result = ExplainUnlimited
+		ed.Why = append(ed.Why, fmt.Sprintf("rule %s is unlimited: the descriptor is admitted without being counted", c.rule.ID))
+	case replaced:
+		ed.Result = ExplainReplaced
+		if j, name := replacerOf(sc.checks, c.rule); j >= 0 {
+			by := sc.checks[j].rule
+			ed.ReplacedBy, ed.ReplacedName = by.ID, name
+			ed.Why = append(ed.Why, fmt.Sprintf("rule %s is replaced by rule %s (%s:%d), matched by descriptors[%d] of this request, which replaces %q: the descriptor is answered OK without a limit and is not counted",
+				c.rule.ID, by.ID, by.File, by.Line, j, name))
+		}
+	case counted:
+		s.countedExplained(c, ed)
+	}
+}
+
+// countedExplained sets the result of ed, a descriptor counted under the
+// rule of check c, and says in its Why what it is counted under: the
+// rule's rate limits, its leases and global counts, its slots.
+func (s *Service) countedExplained(c *check, ed *ExplainDescriptor) {
+	ed.Shadow = c.rule.ShadowMode
+	if c.n == 0 {
+		ed.Result = ExplainConcurrency
+		ed.Why = append(ed.Why, fmt.Sprintf("rule %s limits only requests in flight: Acquire takes one of its slots; ShouldRateLimit, Check and Peek answer OK without a limit, having no way to give a slot back",
+			c.rule.ID))
+		ed.Why = append(ed.Why, slotsWhy(c.rule, ed.Slots)...)
+		return
+	}
+	ed.Result = ExplainMatched
+	limits := make([]string, len(ed.Rule.Limits))
+	for j, l := range ed.Rule.Limits {
+		limits[j] = limitText(l)
+	}
+	if len(limits) == 1 {
+		ed.Why = append(ed.Why, "the descriptor is counted under "+limits[0])
+	} else {
+		ed.Why = append(ed.Why, fmt.Sprintf("the descriptor is counted under %s, decided together: over any of them refuses it", strings.Join(limits, " and ")))
+	}
+	if ed.Shadow {
+		ed.Why = append(ed.Why, fmt.Sprintf("rule %s is in shadow mode: decided and counted like any other, but it never causes a refusal (OK, with 0 remaining when over)", c.rule.ID))
+	}
+	ed.Why = append(ed.Why, s.leasesWhy(c.rule, ed.Leases)...)
+	ed.Why = append(ed.Why, s.globalWhy(c.rule, ed.Global)...)
+	if c.slot >= 0 {
+		ed.Why = append(ed.Why, fmt.Sprintf("rule %s also limits requests in flight: Acquire takes one of its slots with the count; ShouldRateLimit, Check and Peek decide its rate limits only", c.rule.ID))
+		ed.Why = append(ed.Why, slotsWhy(c.rule, ed.Slots)...)
+	}
 }
 
 // slotsExplained reads, in one backend call that stores nothing, the

@@ -104,15 +104,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	dom := s.rules.Load().Domain(req.Domain)
 	if dom == nil {
-		if s.reporter != nil {
-			s.reporter.UnknownDomain(req.Domain, n)
-		}
-		for i := range resp.Statuses {
-			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-		}
-		if s.dynamicMetadata {
-			resp.DynamicMetadata = dynamicMetadata(req, nil, resp)
-		}
+		s.unknownDomain(req, resp)
 		return resp, nil
 	}
 
@@ -172,6 +164,30 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			}
 		}
 	}
+	s.finish(req, sc, &pick, known, resp)
+	return resp, nil
+}
+
+// unknownDomain answers, in resp, every descriptor of req, a request of
+// a domain no rule file defines: OK, without a limit, and not counted.
+func (s *Service) unknownDomain(req *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse) {
+	if s.reporter != nil {
+		s.reporter.UnknownDomain(req.Domain, len(req.Descriptors))
+	}
+	for i := range resp.Statuses {
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	}
+	if s.dynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, nil, resp)
+	}
+}
+
+// finish ends resp, the answer to req decided in sc whose statuses are
+// set: its overall code, as the quota descriptors and the service's
+// shadow mode make it, and what it asks Envoy to add: the headers of the
+// most restrictive descriptor (pick) or the reference's (known: the
+// decisions carry figures), and the dynamic metadata.
+func (s *Service) finish(req *rlsv3.RateLimitRequest, sc *scratch, pick *headerPick, known bool, resp *rlsv3.RateLimitResponse) {
 	if quotaRefuses(sc) {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
@@ -179,7 +195,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		resp.OverallCode = rlsv3.RateLimitResponse_OK
 	}
 	if pick.d != nil {
-		resp.ResponseHeadersToAdd = s.responseHeaders(sc, &pick, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
+		resp.ResponseHeadersToAdd = s.responseHeaders(sc, pick, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
 	}
 	if s.headers == HeadersReference && known {
 		resp.ResponseHeadersToAdd = s.referenceHeaders(sc, resp)
@@ -187,7 +203,6 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if s.dynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, sc.checks, resp)
 	}
-	return resp, nil
 }
 
 // quotaRefuses reports whether the quota descriptors of a decided request
@@ -229,7 +244,26 @@ func plan(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest) {
 	planSlots(sc, dom, req, false, algo.Holder{})
 }
 
+// planSlots is plan, and with slots (Acquire) also takes a slot for
+// holder of every rule's concurrency limit matched: it matches, drops the
+// rules replaced, appends the backend requests of the checks counted, and
+// slices their keys.
 func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slots bool, holder algo.Holder) {
+	matchChecks(sc, dom, req, slots)
+	dropReplaced(sc)
+	planRequests(sc, req, slots, holder)
+	sc.sliceKeys()
+	if cap(sc.decisions) < len(sc.reqs) {
+		sc.decisions = make([]algo.Decision, len(sc.reqs))
+	}
+	sc.decisions = sc.decisions[:len(sc.reqs)]
+}
+
+// matchChecks sets the check of every descriptor of req: a limit override
+// it carries, or the rule of dom it matches and what the rule does with
+// it. Without slots (all but Acquire), a rule with a concurrency limit
+// alone is slotsOnly.
+func matchChecks(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slots bool) {
 	for i, d := range req.Descriptors {
 		c := &sc.checks[i]
 		*c = check{slot: -1}
@@ -248,16 +282,24 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 			c.kind, c.rule = counted, r
 		}
 	}
+}
 
-	// A rule is dropped when another rule matched by the same request
-	// replaces one of its names, as envoyproxy/ratelimit does.
+// dropReplaced drops a counted rule when another rule matched by the same
+// request replaces one of its names, as envoyproxy/ratelimit does.
+func dropReplaced(sc *scratch) {
 	for i := range sc.checks {
 		c := &sc.checks[i]
 		if c.kind == counted && c.rule != nil && replacedBy(sc.checks, c.rule) {
 			c.kind = replaced
 		}
 	}
+}
 
+// planRequests appends to sc the backend requests of each counted
+// descriptor of req, and their keys: one for an override, one per limit
+// of a rule, and with slots one more taking a slot for holder of a rule's
+// concurrency limit.
+func planRequests(sc *scratch, req *rlsv3.RateLimitRequest, slots bool, holder algo.Holder) {
 	for i, d := range req.Descriptors {
 		c := &sc.checks[i]
 		if c.kind != counted {
@@ -307,7 +349,12 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 			r.Op, r.Holder = algo.OpAcquire, holder
 		}
 	}
-	// Keys are sliced only now: appending may have moved the buffer.
+}
+
+// sliceKeys gives each request of sc its key, and its reference key if it
+// has one, from the buffers planRequests appended them to: only once all
+// are appended, since appending may have moved the buffers.
+func (sc *scratch) sliceKeys() {
 	start := 0
 	for i := range sc.reqs {
 		sc.reqs[i].Key = sc.keys[start:sc.keyEnds[i]]
@@ -318,10 +365,6 @@ func planSlots(sc *scratch, dom *config.Domain, req *rlsv3.RateLimitRequest, slo
 			sc.reqs[i].RefKey = sc.refKeys[span[0]:span[1]:span[1]]
 		}
 	}
-	if cap(sc.decisions) < len(sc.reqs) {
-		sc.decisions = make([]algo.Decision, len(sc.reqs))
-	}
-	sc.decisions = sc.decisions[:len(sc.reqs)]
 }
 
 // add appends a backend request under limit l, its key the descriptor

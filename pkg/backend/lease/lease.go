@@ -260,19 +260,8 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 		if e.decideLocal(&reqs[0], &out[0]) {
 			return nil
 		}
-		// A take of the key is on its way to the store for another
-		// request: its lease may cover this one too (a hot key whose
-		// window just rolled over, or first seen by many callers at once).
-		if ch := e.inFlight(&reqs[0]); ch != nil {
-			e.stats.waits.Add(1)
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			if e.decideLocal(&reqs[0], &out[0]) {
-				return nil
-			}
+		if done, err := e.awaitTake(ctx, &reqs[0], &out[0]); done || err != nil {
+			return err
 		}
 	}
 	var planBuf [stackBatch]plan
@@ -286,7 +275,6 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 
 	gives := e.reserve(at, reqs, plans)
 	// What the leases lack goes to the store, with every other request.
-	var subReqs []algo.Request
 	subs := 0
 	for i := range reqs {
 		if p := &plans[i]; p.en == nil || p.need > 0 || p.read {
@@ -299,14 +287,60 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 		e.enqueue(gives)
 		return nil
 	}
+	subReqs, first := e.storeBatch(reqs, plans, gives, subs)
+	subOut := make([]algo.Decision, len(subReqs))
+	e.countPlans(plans)
+	e.stats.calls.Add(1)
+	err := e.inner.Decide(ctx, subReqs, subOut)
+	if err != nil {
+		e.undo(reqs, plans)
+		e.enqueue(gives)
+		return err
+	}
+	admitted := admits(subReqs[first:], subOut[first:])
+	if admitted {
+		e.countGiven(gives)
+	} else {
+		e.enqueue(gives) // a refused batch stores nothing, gives included
+	}
+	e.settle(at, reqs, plans, subOut, admitted, out)
+	return nil
+}
+
+// awaitTake decides a request r its leases do not cover, alone in its
+// batch, once a take of its key on its way to the store for another
+// request settles: that take's lease may cover r too (a hot key whose
+// window just rolled over, or first seen by many callers at once). It
+// returns ctx's error if ctx ends first, and done false when no take is
+// on its way or its lease does not cover r: r then takes the general
+// path.
+func (e *Engine) awaitTake(ctx context.Context, r *algo.Request, out *algo.Decision) (done bool, _ error) {
+	ch := e.inFlight(r)
+	if ch == nil {
+		return false, nil
+	}
+	e.stats.waits.Add(1)
+	select {
+	case <-ch:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	return e.decideLocal(r, out), nil
+}
+
+// storeBatch returns the requests of the store call of a batch whose
+// leases are reserved (plans), of which subs ask the store: first the
+// leases set aside while reserving (gives: a rule's limit changed, a key
+// evicted to make room), so that what the batch lacks may come from them,
+// then from index first the batch's requests the leases do not cover
+// (takes of what they lack, a peek's or a first read's figures) and its
+// requests not leased. It sets each plan's sub.
+func (e *Engine) storeBatch(reqs []algo.Request, plans []plan, gives []work, subs int) (subReqs []algo.Request, first int) {
 	subReqs = make([]algo.Request, 0, subs+len(gives))
-	// Leases set aside while reserving (a rule's limit changed, a key
-	// evicted to make room) go back first, so that what the request lacks
-	// may come from them.
 	for _, g := range gives {
 		subReqs = append(subReqs, g.req)
 	}
-	first := len(subReqs)
+	first = len(subReqs)
 	for i := range reqs {
 		p := &plans[i]
 		p.sub = -1
@@ -325,7 +359,12 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 		p.sub = len(subReqs)
 		subReqs = append(subReqs, r)
 	}
-	subOut := make([]algo.Decision, len(subReqs))
+	return subReqs, first
+}
+
+// countPlans counts the leased requests of a batch that asked the store,
+// and those their leases decided alone.
+func (e *Engine) countPlans(plans []plan) {
 	for i := range plans {
 		switch {
 		case plans[i].en == nil:
@@ -335,26 +374,18 @@ func (e *Engine) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 			e.stats.local.Add(1)
 		}
 	}
-	e.stats.calls.Add(1)
-	err := e.inner.Decide(ctx, subReqs, subOut)
-	if err != nil {
-		e.undo(reqs, plans)
-		e.enqueue(gives)
-		return err
-	}
+}
+
+// admits reports whether the store admitted the requests reqs of a
+// batch, deciding them out: each one allowed, or in shadow mode.
+func admits(reqs []algo.Request, out []algo.Decision) bool {
 	admitted := true
-	for j := first; j < len(subReqs); j++ {
-		if !subOut[j].Allowed && !subReqs[j].Shadow {
+	for j := range reqs {
+		if !out[j].Allowed && !reqs[j].Shadow {
 			admitted = false
 		}
 	}
-	if admitted {
-		e.countGiven(gives)
-	} else {
-		e.enqueue(gives) // a refused batch stores nothing, gives included
-	}
-	e.settle(at, reqs, plans, subOut, admitted, out)
-	return nil
+	return admitted
 }
 
 // decideLocal decides r alone when its leases cover it, in one pass

@@ -232,6 +232,31 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 		defer sc.put(&b.scratch)
 		hashes, locks, orig, next, ents, dups = sc.hashes[:0], sc.locks[:0], sc.orig[:0], sc.next[:0], sc.ents[:0], sc.dups[:0]
 	}
+	hashes, locks, dups = b.locate(reqs, sc, hashes, locks, dups)
+	for _, s := range locks {
+		b.shards[s].mu.Lock()
+	}
+	var admit bool
+	orig, next, ents, admit = b.tentative(now, nowUS, reqs, out, hashes, dups, orig, next, ents)
+	if admit {
+		b.storeAdmitted(nowUS, reqs, out, hashes, dups, next, ents)
+	} else {
+		b.refuse(now, nowUS, reqs, out, orig, next, ents, dups, hashes)
+	}
+	for j := len(locks) - 1; j >= 0; j-- {
+		b.shards[locks[j]].mu.Unlock()
+	}
+	if sc != nil {
+		sc.hashes, sc.locks, sc.orig, sc.next, sc.ents, sc.dups = hashes, locks, orig, next, ents, dups
+	}
+}
+
+// locate appends to hashes the hash of each request's key, to dups the
+// latest earlier request of the batch with the same key (-1: none), and
+// to locks the shards the batch touches, in ascending order. A batch
+// larger than stackBatch finds its duplicates through sc's index of the
+// hashes; a smaller one (sc nil) by scanning.
+func (b *Backend) locate(reqs []algo.Request, sc *scratch, hashes, locks []uint64, dups []int32) ([]uint64, []uint64, []int32) {
 	for i := range reqs {
 		h := maphash.Bytes(b.seed, reqs[i].Key)
 		hashes = append(hashes, h)
@@ -262,11 +287,18 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 		}
 		dups = append(dups, d)
 	}
-	for _, s := range locks {
-		b.shards[s].mu.Lock()
-	}
+	return hashes, locks, dups
+}
 
-	admit := true
+// tentative decides every request into out, without storing anything:
+// each from its key's state as stored (appended to orig, and its entry
+// to ents), or as an earlier request of the batch with the same key left
+// it; the state each leaves is appended to next. admit reports whether
+// every request not in shadow mode was allowed. The shards must be
+// locked.
+func (b *Backend) tentative(now time.Time, nowUS int64, reqs []algo.Request, out []algo.Decision, hashes []uint64, dups []int32,
+	orig, next []algo.State, ents []*entry) (_, _ []algo.State, _ []*entry, admit bool) {
+	admit = true
 	for i := range reqs {
 		r := &reqs[i]
 		var (
@@ -293,46 +325,47 @@ func (b *Backend) decideBatch(now time.Time, reqs []algo.Request, out []algo.Dec
 			admit = false
 		}
 	}
+	return orig, next, ents, admit
+}
 
-	if admit {
-		for i := range reqs {
-			r := &reqs[i]
-			// An earlier store in this batch may have created the entry.
-			if j := dups[i]; j >= 0 {
-				ents[i] = ents[j]
-			}
-			if !algo.Stores(r, &out[i]) {
-				continue
-			}
-			sh := &b.shards[hashes[i]&b.mask]
-			ents[i] = sh.store(b, r.Key, ents[i], next[i], nowUS+algo.Keep(r, &out[i]).Microseconds(), nowUS, reqs)
+// storeAdmitted stores, in order, the states the requests of an admitted
+// batch left (next, as tentative computed them), updating ents. The shards
+// must be locked.
+func (b *Backend) storeAdmitted(nowUS int64, reqs []algo.Request, out []algo.Decision, hashes []uint64, dups []int32, next []algo.State, ents []*entry) {
+	for i := range reqs {
+		r := &reqs[i]
+		// An earlier store in this batch may have created the entry.
+		if j := dups[i]; j >= 0 {
+			ents[i] = ents[j]
 		}
-	} else {
-		// Nothing is consumed: every decision reports the state as it
-		// stands, not as earlier requests of this batch would have left it.
-		// Refused requests keep their refusal and retry-after.
-		counting := false
-		for i := range reqs {
-			if reqs[i].Counting() {
-				counting = true
-				continue
-			}
-			d := algo.Step(&orig[i], now, reqs[i].Limit, 0)
-			if !out[i].Allowed {
-				d.Allowed, d.RetryAfter = false, out[i].RetryAfter
-			}
-			out[i] = d
+		if !algo.Stores(r, &out[i]) {
+			continue
 		}
-		if counting {
-			b.count(now, nowUS, reqs, out, orig, next, ents, dups, hashes)
-		}
+		sh := &b.shards[hashes[i]&b.mask]
+		ents[i] = sh.store(b, r.Key, ents[i], next[i], nowUS+algo.Keep(r, &out[i]).Microseconds(), nowUS, reqs)
 	}
+}
 
-	for j := len(locks) - 1; j >= 0; j-- {
-		b.shards[locks[j]].mu.Unlock()
+// refuse decides a refused batch again, consuming nothing but the hits of
+// its counting requests (see count): every decision reports the state as
+// it stands (orig), not as earlier requests of this batch would have left
+// it, and refused requests keep their refusal and retry-after. The shards
+// must be locked.
+func (b *Backend) refuse(now time.Time, nowUS int64, reqs []algo.Request, out []algo.Decision, orig, next []algo.State, ents []*entry, dups []int32, hashes []uint64) {
+	counting := false
+	for i := range reqs {
+		if reqs[i].Counting() {
+			counting = true
+			continue
+		}
+		d := algo.Step(&orig[i], now, reqs[i].Limit, 0)
+		if !out[i].Allowed {
+			d.Allowed, d.RetryAfter = false, out[i].RetryAfter
+		}
+		out[i] = d
 	}
-	if sc != nil {
-		sc.hashes, sc.locks, sc.orig, sc.next, sc.ents, sc.dups = hashes, locks, orig, next, ents, dups
+	if counting {
+		b.count(now, nowUS, reqs, out, orig, next, ents, dups, hashes)
 	}
 }
 

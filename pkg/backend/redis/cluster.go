@@ -191,96 +191,27 @@ func (b *Backend) primary(ctx context.Context, key string) string {
 // per slot: one round trip; each group is all or nothing on its own. With
 // a gate, the primaries are admitted first and their outcomes reported.
 func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.Request, out []algo.Decision, gate Gate) error {
-	var groups []*slotGroup
 	keys, reqs := b.prepare(reqs, true)
-	for i := range reqs {
-		k := keys[i]
-		s := slot(k)
-		var g *slotGroup
-		for _, h := range groups {
-			if h.slot == s {
-				g = h
-				break
-			}
-		}
-		if g == nil {
-			g = &slotGroup{slot: s}
-			groups = append(groups, g)
-		}
-		g.index = append(g.index, i)
-		g.keys = append(g.keys, k)
-		g.reqs = append(g.reqs, reqs[i])
-	}
+	var groupBuf [4]*slotGroup // the groups of most batches, on the stack
+	groups := groupBySlot(groupBuf[:0], keys, reqs)
 	notAfter := b.notAfter(ctx)
 	for _, g := range groups {
 		g.args = algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(g.reqs)), now, b.minTTL, notAfter, g.reqs)
 	}
-
-	var nodes []string
-	if gate != nil {
-		for _, g := range groups {
-			g.node = b.primary(ctx, g.keys[0])
-			if !slices.Contains(nodes, g.node) {
-				nodes = append(nodes, g.node)
-			}
-		}
-		if err := gate.Admit(nodes); err != nil {
-			// The slot map may name a primary that was replaced.
-			b.cluster.ReloadState(ctx)
-			return err
-		}
-	}
-
-	if len(groups) == 1 {
-		g := groups[0]
-		reply, err := b.run(ctx, b.cluster, g.keys, g.args)
-		if err == nil {
-			_, err = algo.ParseScriptReply(reply, out[:len(reqs)])
-		}
-		if err != nil {
-			err = b.nodeFailed(ctx, g, err)
-		}
-		if gate != nil {
-			gate.Done(g.node, nodeVerdict(err))
-		}
+	nodes, err := b.admitPrimaries(ctx, gate, groups)
+	if err != nil {
 		return err
 	}
-
-	functions := !b.scripts.Load()
-	pipe := b.cluster.Pipeline()
-	for _, g := range groups {
-		if functions {
-			g.cmd = pipe.FCall(ctx, b.fn, g.keys, g.args...)
-		} else {
-			g.cmd = pipe.EvalSha(ctx, b.sha, g.keys, g.args...)
-		}
+	if len(groups) == 1 {
+		return b.decideGroup(ctx, groups[0], out[:len(reqs)], gate)
 	}
-	_, _ = pipe.Exec(ctx) // each command's own error is read below
+	functions := b.pipelineGroups(ctx, groups)
 	var errs []error
 	failed := make([]error, len(nodes)) // the first error of each node
 	decided := make([]algo.Decision, len(reqs))
 	reloaded := false
 	for _, g := range groups {
-		reply, err := g.cmd.Slice()
-		switch {
-		case isNoScript(err):
-			// EVAL runs the group and caches the script on its master.
-			reply, err = b.cluster.Eval(ctx, b.script, g.keys, g.args...).Slice()
-		case functions && isNoFunction(err) && !reloaded:
-			// Lost on some master: load the library everywhere, once.
-			reloaded = true
-			if lerr := b.loadLibrary(ctx); unsupported(lerr) {
-				b.scripts.Store(true)
-			}
-			fallthrough
-		case functions && (isNoFunction(err) || unsupported(err)):
-			// run calls the function, or falls back to the script.
-			reply, err = b.run(ctx, b.cluster, g.keys, g.args)
-		}
-		if err != nil {
-			b.checkLate(ctx, err)
-			err = fmt.Errorf("redis: decision call: %w", err)
-		}
+		reply, err := b.groupReply(ctx, g, functions, &reloaded)
 		if err == nil {
 			_, err = algo.ParseScriptReply(reply, decided[:len(g.reqs)])
 		}
@@ -302,6 +233,115 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// groupBySlot groups the requests reqs of a batch, whose keys are keys,
+// by hash slot, and appends the groups to groups in the order of their
+// first request, each with its requests in batch order.
+func groupBySlot(groups []*slotGroup, keys []string, reqs []algo.Request) []*slotGroup {
+	for i := range reqs {
+		k := keys[i]
+		s := slot(k)
+		var g *slotGroup
+		for _, h := range groups {
+			if h.slot == s {
+				g = h
+				break
+			}
+		}
+		if g == nil {
+			g = &slotGroup{slot: s}
+			groups = append(groups, g)
+		}
+		g.index = append(g.index, i)
+		g.keys = append(g.keys, k)
+		g.reqs = append(g.reqs, reqs[i])
+	}
+	return groups
+}
+
+// admitPrimaries names the primary of each group and returns them, each
+// once, once gate admits them; it returns gate's error, having asked the
+// client to reload its slot map, when gate refuses them. Without a gate
+// it names none.
+func (b *Backend) admitPrimaries(ctx context.Context, gate Gate, groups []*slotGroup) ([]string, error) {
+	if gate == nil {
+		return nil, nil
+	}
+	var nodes []string
+	for _, g := range groups {
+		g.node = b.primary(ctx, g.keys[0])
+		if !slices.Contains(nodes, g.node) {
+			nodes = append(nodes, g.node)
+		}
+	}
+	if err := gate.Admit(nodes); err != nil {
+		// The slot map may name a primary that was replaced.
+		b.cluster.ReloadState(ctx)
+		return nil, err
+	}
+	return nodes, nil
+}
+
+// decideGroup decides a batch whose requests all share g's slot with one
+// call, and reports its outcome to gate (nil: none).
+func (b *Backend) decideGroup(ctx context.Context, g *slotGroup, out []algo.Decision, gate Gate) error {
+	reply, err := b.run(ctx, b.cluster, g.keys, g.args)
+	if err == nil {
+		_, err = algo.ParseScriptReply(reply, out)
+	}
+	if err != nil {
+		err = b.nodeFailed(ctx, g, err)
+	}
+	if gate != nil {
+		gate.Done(g.node, nodeVerdict(err))
+	}
+	return err
+}
+
+// pipelineGroups sends the call of every group in one pipeline, setting
+// each group's cmd; functions reports whether they call the library's
+// function rather than the script.
+func (b *Backend) pipelineGroups(ctx context.Context, groups []*slotGroup) (functions bool) {
+	functions = !b.scripts.Load()
+	pipe := b.cluster.Pipeline()
+	for _, g := range groups {
+		if functions {
+			g.cmd = pipe.FCall(ctx, b.fn, g.keys, g.args...)
+		} else {
+			g.cmd = pipe.EvalSha(ctx, b.sha, g.keys, g.args...)
+		}
+	}
+	_, _ = pipe.Exec(ctx) // each command's own error is read by groupReply
+	return functions
+}
+
+// groupReply returns the reply of g's pipelined call (functions: of the
+// function), calling g again where its master lost the script or the
+// function, or runs no functions. The first group that finds the
+// function lost loads the library on every master, and sets reloaded.
+func (b *Backend) groupReply(ctx context.Context, g *slotGroup, functions bool, reloaded *bool) ([]any, error) {
+	reply, err := g.cmd.Slice()
+	switch {
+	case isNoScript(err):
+		// EVAL runs the group and caches the script on its master.
+		reply, err = b.cluster.Eval(ctx, b.script, g.keys, g.args...).Slice()
+	case functions && isNoFunction(err) && !*reloaded:
+		// Lost on some master: load the library everywhere, once.
+		*reloaded = true
+		if lerr := b.loadLibrary(ctx); unsupported(lerr) {
+			b.scripts.Store(true)
+		}
+		fallthrough
+	case functions && (isNoFunction(err) || unsupported(err)):
+		// run calls the function, or falls back to the script.
+		reply, err = b.run(ctx, b.cluster, g.keys, g.args)
+	}
+	if err != nil {
+		b.checkLate(ctx, err)
+		err = fmt.Errorf("redis: decision call: %w", err)
+	}
+	return reply, err
 }
 
 // nodeFailed names the group's slot (and primary, when known) in err, and

@@ -167,9 +167,38 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("redis: no URL: give redis://host:port (comma-separated addresses for sentinel and cluster)")
 	}
-	parts := strings.Split(cfg.URL, ",")
-	var first *goredis.Options
-	addrs := make([]string, 0, len(parts))
+	first, addrs, err := parseURLs(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if first.TLSConfig != nil {
+		if err := addTLSFiles(first.TLSConfig, cfg); err != nil {
+			return nil, err
+		}
+	} else if cfg.TLSCAFile != "" || cfg.TLSCertFile != "" {
+		return nil, errors.New("redis: TLS files given for a redis:// URL; use rediss:// to connect with TLS")
+	}
+
+	switch cfg.Mode {
+	case Standalone, "":
+		return newStandalone(cfg, first, addrs)
+	case Sentinel:
+		return newSentinel(cfg, first, addrs)
+	case Cluster:
+		return newCluster(cfg, first, addrs)
+	}
+	return nil, fmt.Errorf("redis: unknown mode %q; accepted: standalone, sentinel, cluster", cfg.Mode)
+}
+
+// parseURLs parses the comma-separated addresses of a Config's URL: it
+// returns the options of the first, whose scheme, credentials and
+// database apply to every address, and the address (host:port) of each.
+// A bare host:port shares the scheme of the URL before it; the URLs may
+// not mix redis:// and rediss://. An error shows no password.
+func parseURLs(rawURL string) (first *goredis.Options, addrs []string, _ error) {
+	parts := strings.Split(rawURL, ",")
+	addrs = make([]string, 0, len(parts))
 	scheme := "redis"
 	for i, p := range parts {
 		p = strings.TrimSpace(p)
@@ -189,15 +218,21 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 			if u, perr := url.Parse(p); perr == nil && u.Query().Has("password") {
 				hint = "; give the password as the URL's user info: redis://[user]:PASSWORD@host:port"
 			}
-			return nil, fmt.Errorf("redis: address %d of the URL (%s): %w%s", i+1, RedactURL(p), err, hint)
+			return nil, nil, fmt.Errorf("redis: address %d of the URL (%s): %w%s", i+1, RedactURL(p), err, hint)
 		}
 		if first == nil {
 			first = o
 		} else if (o.TLSConfig == nil) != (first.TLSConfig == nil) {
-			return nil, fmt.Errorf("redis: address %d of the URL mixes redis:// and rediss://", i+1)
+			return nil, nil, fmt.Errorf("redis: address %d of the URL mixes redis:// and rediss://", i+1)
 		}
 		addrs = append(addrs, o.Addr)
 	}
+	return first, addrs, nil
+}
+
+// withDefaults returns cfg with the default of each timeout and interval
+// left zero.
+func (cfg Config) withDefaults() Config {
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
@@ -210,70 +245,72 @@ func NewClient(cfg Config) (goredis.UniversalClient, error) {
 	if cfg.ClusterReloadInterval == 0 {
 		cfg.ClusterReloadInterval = DefaultClusterReloadInterval
 	}
-	if first.TLSConfig != nil {
-		if err := addTLSFiles(first.TLSConfig, cfg); err != nil {
-			return nil, err
-		}
-	} else if cfg.TLSCAFile != "" || cfg.TLSCertFile != "" {
-		return nil, errors.New("redis: TLS files given for a redis:// URL; use rediss:// to connect with TLS")
-	}
+	return cfg
+}
 
-	switch cfg.Mode {
-	case Standalone, "":
-		if len(addrs) > 1 {
-			return nil, fmt.Errorf("redis: standalone mode takes one address, the URL has %d; for several nodes use -redis-mode cluster or sentinel", len(addrs))
-		}
-		o := first
-		o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = cfg.PoolSize, cfg.DialTimeout, cfg.ReadTimeout, cfg.WriteTimeout
-		o.PoolTimeout, o.MaxRetries, o.ContextTimeoutEnabled = cfg.ReadTimeout, maxRetries, true
-		o.DialerRetries = dialAttempts
-		return goredis.NewClient(o), nil
-	case Sentinel:
-		if cfg.MasterName == "" {
-			return nil, errors.New("redis: sentinel mode needs the master's name (-redis-master)")
-		}
-		return goredis.NewFailoverClient(&goredis.FailoverOptions{
-			MasterName:            cfg.MasterName,
-			SentinelAddrs:         addrs,
-			SentinelUsername:      cfg.SentinelUsername,
-			SentinelPassword:      cfg.SentinelPassword,
-			Username:              first.Username,
-			Password:              first.Password,
-			DB:                    first.DB,
-			TLSConfig:             first.TLSConfig,
-			PoolSize:              cfg.PoolSize,
-			DialTimeout:           cfg.DialTimeout,
-			ReadTimeout:           cfg.ReadTimeout,
-			WriteTimeout:          cfg.WriteTimeout,
-			PoolTimeout:           cfg.ReadTimeout,
-			MaxRetries:            maxRetries,
-			DialerRetries:         dialAttempts,
-			ContextTimeoutEnabled: true,
-		}), nil
-	case Cluster:
-		if first.DB != 0 {
-			return nil, fmt.Errorf("redis: a cluster has only database 0; the URL selects %d", first.DB)
-		}
-		return goredis.NewClusterClient(&goredis.ClusterOptions{
-			Addrs:                 addrs,
-			Username:              first.Username,
-			Password:              first.Password,
-			TLSConfig:             first.TLSConfig,
-			PoolSize:              cfg.PoolSize,
-			DialTimeout:           cfg.DialTimeout,
-			ReadTimeout:           cfg.ReadTimeout,
-			WriteTimeout:          cfg.WriteTimeout,
-			PoolTimeout:           cfg.ReadTimeout,
-			MaxRetries:            maxRetries,
-			DialerRetries:         dialAttempts,
-			ContextTimeoutEnabled: true,
-			// A primary that dies gives no MOVED, only refused
-			// connections: the slot map is read again every period, and
-			// whenever a primary fails (Backend.DecideVia).
-			ClusterStateReloadInterval: cfg.ClusterReloadInterval,
-		}), nil
+// newStandalone returns the client of one server, the one address of
+// addrs, whose URL gave first.
+func newStandalone(cfg Config, first *goredis.Options, addrs []string) (goredis.UniversalClient, error) {
+	if len(addrs) > 1 {
+		return nil, fmt.Errorf("redis: standalone mode takes one address, the URL has %d; for several nodes use -redis-mode cluster or sentinel", len(addrs))
 	}
-	return nil, fmt.Errorf("redis: unknown mode %q; accepted: standalone, sentinel, cluster", cfg.Mode)
+	o := first
+	o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = cfg.PoolSize, cfg.DialTimeout, cfg.ReadTimeout, cfg.WriteTimeout
+	o.PoolTimeout, o.MaxRetries, o.ContextTimeoutEnabled = cfg.ReadTimeout, maxRetries, true
+	o.DialerRetries = dialAttempts
+	return goredis.NewClient(o), nil
+}
+
+// newSentinel returns the client of the master that the sentinels at
+// addrs name, with the credentials and database of first.
+func newSentinel(cfg Config, first *goredis.Options, addrs []string) (goredis.UniversalClient, error) {
+	if cfg.MasterName == "" {
+		return nil, errors.New("redis: sentinel mode needs the master's name (-redis-master)")
+	}
+	return goredis.NewFailoverClient(&goredis.FailoverOptions{
+		MasterName:            cfg.MasterName,
+		SentinelAddrs:         addrs,
+		SentinelUsername:      cfg.SentinelUsername,
+		SentinelPassword:      cfg.SentinelPassword,
+		Username:              first.Username,
+		Password:              first.Password,
+		DB:                    first.DB,
+		TLSConfig:             first.TLSConfig,
+		PoolSize:              cfg.PoolSize,
+		DialTimeout:           cfg.DialTimeout,
+		ReadTimeout:           cfg.ReadTimeout,
+		WriteTimeout:          cfg.WriteTimeout,
+		PoolTimeout:           cfg.ReadTimeout,
+		MaxRetries:            maxRetries,
+		DialerRetries:         dialAttempts,
+		ContextTimeoutEnabled: true,
+	}), nil
+}
+
+// newCluster returns the client of the Cluster that the nodes at addrs
+// belong to, with the credentials of first.
+func newCluster(cfg Config, first *goredis.Options, addrs []string) (goredis.UniversalClient, error) {
+	if first.DB != 0 {
+		return nil, fmt.Errorf("redis: a cluster has only database 0; the URL selects %d", first.DB)
+	}
+	return goredis.NewClusterClient(&goredis.ClusterOptions{
+		Addrs:                 addrs,
+		Username:              first.Username,
+		Password:              first.Password,
+		TLSConfig:             first.TLSConfig,
+		PoolSize:              cfg.PoolSize,
+		DialTimeout:           cfg.DialTimeout,
+		ReadTimeout:           cfg.ReadTimeout,
+		WriteTimeout:          cfg.WriteTimeout,
+		PoolTimeout:           cfg.ReadTimeout,
+		MaxRetries:            maxRetries,
+		DialerRetries:         dialAttempts,
+		ContextTimeoutEnabled: true,
+		// A primary that dies gives no MOVED, only refused
+		// connections: the slot map is read again every period, and
+		// whenever a primary fails (Backend.DecideVia).
+		ClusterStateReloadInterval: cfg.ClusterReloadInterval,
+	}), nil
 }
 
 // maxRetries is how often go-redis repeats a call that failed on the
