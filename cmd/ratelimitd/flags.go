@@ -77,6 +77,8 @@ type serveConfig struct {
 	xds                 xdsConfig
 	refStats            refStatsConfig
 
+	// flags is the flag set c was read with.
+	flags *flag.FlagSet
 	// fromEnv maps the flags set from the environment to their variable,
 	// so that errors name what the user wrote.
 	fromEnv map[string]string

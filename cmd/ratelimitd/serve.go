@@ -67,30 +67,47 @@ const streamWorkers = 64
 
 // serve runs the servers until ctx is done, then drains them.
 func serve(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) int {
+	c, log, code := configure(args, lookupEnv, stderr)
+	if c == nil {
+		return code
+	}
+	if err := run(ctx, c, log); err != nil {
+		log.Error("ratelimitd stopped", "error", err)
+		return exitError
+	}
+	return exitOK
+}
+
+// configure reads serve's configuration from args and the environment,
+// compatibility mode's included, and validates it. It returns the
+// configuration and the logger it asks for, or nil and the exit code once
+// it has written why to stderr (exitOK for -help).
+func configure(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*serveConfig, *slog.Logger, int) {
 	compat, err := compatMode(lookupEnv)
 	if err != nil {
 		fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
-		return exitUsage
+		return nil, nil, exitUsage
 	}
 	var compatFlags, notHonoured []string
 	var compatFrom map[string]string
 	if compat {
 		if compatFlags, notHonoured, compatFrom, err = compatArgs(lookupEnv); err != nil {
 			fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
-			return exitUsage
+			return nil, nil, exitUsage
 		}
 		args = append(slices.Clip(compatFlags), args...)
 		lookupEnv = compatEnvironment(lookupEnv)
 	}
-	var c serveConfig
-	fs := newServeFlags(&c)
+	c := &serveConfig{}
+	fs := newServeFlags(c)
+	c.flags = fs
 	fs.Usage = func() { usage(stderr) }
 	if c.fromEnv, err = parseFlags(fs, args, lookupEnv, stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+			return nil, nil, exitOK
 		}
 		fmt.Fprintf(stderr, "ratelimitd: %v%s\n", err, compatSource(err, compatFrom))
-		return exitUsage
+		return nil, nil, exitUsage
 	}
 	if compat {
 		// Errors about a flag the reference's settings gave name them.
@@ -104,20 +121,16 @@ func serve(ctx context.Context, args []string, lookupEnv func(string) (string, b
 	c.lookupEnv = lookupEnv
 	if err := c.validate(); err != nil {
 		fmt.Fprintf(stderr, "ratelimitd: %v\n", err)
-		return exitUsage
+		return nil, nil, exitUsage
 	}
-	log := newLogger(&c, stderr)
+	log := newLogger(c, stderr)
 	if compat {
 		log.Info("envoyproxy/ratelimit compatibility mode: configured from its environment", "flags", redactArgs(compatFlags))
 		if len(notHonoured) > 0 {
 			log.Warn("envoyproxy/ratelimit settings not honoured (docs/migrating.md)", "settings", notHonoured)
 		}
 	}
-	if err := run(ctx, &c, log); err != nil {
-		log.Error("ratelimitd stopped", "error", err)
-		return exitError
-	}
-	return exitOK
+	return c, log, exitOK
 }
 
 func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
