@@ -264,11 +264,15 @@ func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 		// The set served before the first rules arrive is empty too.
 		awaiting := func(r *config.Rules) bool { return c.xds.readyWithRules && len(r.Domains()) == 0 }
 		svc.SetAwaitingRules(awaiting(rules))
+		// Every update and every rejection counts in the reference's
+		// statistics, as its SetConfig counts them
+		// (src/service/ratelimit.go).
 		fromXDS.attach(rules, func(r *config.Rules) {
 			setRules(r)
 			mets.Rules(r)
 			svc.SetAwaitingRules(awaiting(r))
-		})
+			ref.configLoaded(true)
+		}, func(error) { ref.configLoaded(false) })
 		registerXDS(reg, fromXDS)
 		loaded = func() time.Time { return fromXDS.client.Status().LastUpdate }
 	} else if c.watchConfig {

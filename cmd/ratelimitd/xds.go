@@ -94,13 +94,15 @@ func (c *serveConfig) validateXDS() error {
 }
 
 // xdsSource receives the rules of the xDS control plane. Until attach, it
-// keeps the latest; from then on it hands each to the service.
+// keeps the latest; from then on it hands each to the service, and tells
+// of each rejected.
 type xdsSource struct {
 	client *xds.Client
 
 	mu     sync.Mutex
 	latest *config.Rules
 	apply  func(*config.Rules)
+	reject func(error)
 }
 
 // startXDS starts the client of -xds-server; it runs until ctx is done.
@@ -110,7 +112,7 @@ func startXDS(ctx context.Context, c *serveConfig, log *slog.Logger) (*xdsSource
 	client, err := xds.New(xds.Options{
 		Server: x.server, NodeID: x.nodeID, NodeMetadata: x.metadata, Headers: x.headerMap, TLS: x.tls,
 		BackoffInitial: x.backoffInitial, BackoffMax: x.backoffMax,
-		OnRules: s.onRules, Logger: log,
+		OnRules: s.onRules, OnReject: s.onReject, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -129,6 +131,14 @@ func (s *xdsSource) onRules(r *config.Rules, version string) {
 	s.latest = r
 	if s.apply != nil {
 		s.apply(r)
+	}
+}
+
+func (s *xdsSource) onReject(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reject != nil {
+		s.reject(err)
 	}
 }
 
@@ -159,11 +169,12 @@ func (s *xdsSource) initial(ctx context.Context, forceStart bool, log *slog.Logg
 }
 
 // attach hands every later rule set to apply, and at once the latest one
-// if it is not serving already.
-func (s *xdsSource) attach(serving *config.Rules, apply func(*config.Rules)) {
+// if it is not serving already, and the error of every later rejected one
+// to reject.
+func (s *xdsSource) attach(serving *config.Rules, apply func(*config.Rules), reject func(error)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.apply = apply
+	s.apply, s.reject = apply, reject
 	if s.latest != nil && s.latest != serving {
 		apply(s.latest)
 	}
