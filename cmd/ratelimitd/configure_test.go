@@ -122,7 +122,7 @@ func configureCases() []configureCase {
 	for _, ctx := range contexts {
 		cases = append(cases, configureCase{args: ctx})
 	}
-	newServeFlags(&serveConfig{}).VisitAll(func(f *flag.Flag) {
+	newServeConfig().flags.VisitAll(func(f *flag.Flag) {
 		for _, v := range probes(f) {
 			for _, ctx := range contexts {
 				cases = append(cases, configureCase{args: append(slices.Clip(ctx), "-"+f.Name+"="+v)})

@@ -19,7 +19,7 @@ func TestREADMEListsEveryFlag(t *testing.T) {
 	}
 	readme := string(b)
 	n := 0
-	newServeFlags(&serveConfig{}).VisitAll(func(f *flag.Flag) {
+	newServeConfig().flags.VisitAll(func(f *flag.Flag) {
 		n++
 		if !strings.Contains(readme, "`-"+f.Name+"`") {
 			t.Errorf("README.md's flag table does not name -%s (%s)", f.Name, f.Usage)
@@ -35,7 +35,7 @@ func TestREADMEListsEveryFlag(t *testing.T) {
 // serve reads, so that a flag renamed or dropped in the code is noticed
 // where operators read of it.
 func TestDocsNameOnlyRealFlags(t *testing.T) {
-	fs := newServeFlags(&serveConfig{})
+	fs := newServeConfig().flags
 	var names []string // every flag, and COMPAT: RATELIMITD_COMPAT turns compatibility mode on
 	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 	names = append(names, "compat")
