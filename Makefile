@@ -36,7 +36,8 @@ FUZZ_TARGETS := \
 	./pkg/key:FuzzDistinctDescriptorsDistinctKeys:400000 \
 	./pkg/service:FuzzJSON:300 \
 	./pkg/service:FuzzShouldRateLimit:2000 \
-	./pkg/service:FuzzParseLease:20000
+	./pkg/service:FuzzParseLease:20000 \
+	./pkg/wire:FuzzDecode:20000
 
 # $(call fuzz_each,TIME) fuzzes each of FUZZ_TARGETS for TIME (a duration,
 # or "count" for each target's N inputs), printing each command first.

@@ -13,14 +13,15 @@ const module = "github.com/ratelimitd/ratelimitd"
 
 // allowedDeps is the dependency direction of ratelimitd's packages: for each
 // package, the packages of this module it may import (non-test code).
-// cmd -> service -> config, algo, key; backends (and the over-limit cache
-// and the lease engine in front of them) -> algo; algo and config
-// import nothing of ours. A new package must be added here.
+// cmd -> service -> config, algo, key, wire; config -> algo, whose
+// algorithms rule files name; backends (and the over-limit cache and the
+// lease engine in front of them) -> algo; algo and wire import nothing of
+// ours. A new package must be added here.
 var allowedDeps = map[string][]string{
 	"pkg/algo":              {},
 	"pkg/algo/algotest":     {"pkg/algo"},
 	"pkg/key":               {"pkg/algo"},
-	"pkg/config":            {},
+	"pkg/config":            {"pkg/algo"},
 	"pkg/backend/memory":    {"pkg/algo"},
 	"pkg/backend/redis":     {"pkg/algo"},
 	"pkg/backend/overlimit": {"pkg/algo"},
@@ -31,9 +32,10 @@ var allowedDeps = map[string][]string{
 	"internal/reftest":      {},
 	"internal/wiretest":     {},
 	"internal/pkitest":      {},
-	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "proto/ratelimitd/v1"},
+	"pkg/wire":              {}, // what every server does to a request, whatever its protocol
+	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
-	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key"}, // a service: takes its budget through the algo.Backend interface
+	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire"}, // a service: takes its budget through the algo.Backend interface
 	"pkg/rlqs/rlqssim":      {},
 	"pkg/region":            {"pkg/algo", "proto/ratelimitd/v1"}, // a backend in front of a backend, and the sync service between regions
 	"pkg/xds":               {"pkg/config"},

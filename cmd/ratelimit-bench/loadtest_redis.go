@@ -39,12 +39,8 @@ func (lt *loadtest) scriptCall() (keys, argv []string, err error) {
 	}
 	reqs := make([]algo.Request, len(rule.Limits))
 	for i, l := range rule.Limits {
-		a, err := algo.ParseAlgorithm(l.Algorithm.String())
-		if err != nil {
-			return nil, nil, err
-		}
 		reqs[i] = algo.Request{
-			Limit: algo.Limit{Algorithm: a, Requests: uint64(l.RequestsPerUnit), Window: l.Window, Burst: l.Burst},
+			Limit: algo.Limit{Algorithm: l.Algorithm, Requests: uint64(l.RequestsPerUnit), Window: l.Window, Burst: l.Burst},
 			Hits:  1,
 		}
 		keys = append(keys, fmt.Sprintf("ratelimit-bench:%d:__rand_int__", i))

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
@@ -55,7 +56,7 @@ func TestLeasedRules(t *testing.T) {
 				t.Fatalf("domain %s, (user_id, %s): rule %+v, want one limit", domain, value, rule)
 			}
 			l := rule.Limits[0]
-			if l.RequestsPerUnit != 1_000_000 || l.Unit != config.Minute || l.Window != time.Minute || l.Algorithm != config.FixedWindow || l.Consistency != cons {
+			if l.RequestsPerUnit != 1_000_000 || l.Unit != config.Minute || l.Window != time.Minute || l.Algorithm != algo.FixedWindow || l.Consistency != cons {
 				t.Errorf("domain %s, (user_id, %s): %d per %v (%v window), %s, %s; want 1000000 per minute, fixed_window, %s",
 					domain, value, l.RequestsPerUnit, l.Unit, l.Window, l.Algorithm, l.Consistency, cons)
 			}

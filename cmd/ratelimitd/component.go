@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // A component is one part of the server: the rule source, a layer of the
@@ -85,6 +86,9 @@ type server struct {
 	flagName func(string) string
 	// now is the clock every component decides and keeps time by.
 	now func() time.Time
+	// recovery recovers the panics of every server's handlers, answering
+	// Internal (or 500) and logging; Service.Panics counts them all.
+	recovery *wire.Recovery
 
 	// source is the rule source, first of the components: the rules at
 	// start, where they come from and when they were loaded.

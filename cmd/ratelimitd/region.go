@@ -21,8 +21,8 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/console"
 	"github.com/ratelimitd/ratelimitd/pkg/region"
-	"github.com/ratelimitd/ratelimitd/pkg/service"
 	"github.com/ratelimitd/ratelimitd/pkg/tlsconfig"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // regionConfig is the multi-region configuration (-region*).
@@ -343,9 +343,10 @@ func (r *regionSync) listeners(s *server) []listener {
 	if r.config.addr == "" {
 		return nil
 	}
-	opts := append(service.DecodeOptions(),
-		grpc.ChainUnaryInterceptor(s.svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(s.svc.StreamInterceptor()),
-		grpc.Creds(credentials.NewTLS(r.tls)))
+	// Region sync tolerates no string that is not UTF-8: its pushes are
+	// refused naming the field.
+	opts := append(wire.DecodeOptions(), s.recovery.ServerOptions()...)
+	opts = append(opts, grpc.Creds(credentials.NewTLS(r.tls)))
 	gs := grpc.NewServer(opts...)
 	r.engine.Register(gs)
 	return []listener{grpcListener("region sync", r.config.addr, gs, s.log, logServing(s.log, "serving region sync", "mtls", true))}

@@ -92,7 +92,7 @@ func (r *rlsFrontEnd) build(_ context.Context, s *server) (hooks, error) {
 	overLimitHits, _ := config.ParseOverLimitHits(r.overLimitHits) // checked
 	st := s.stack
 	svc, err := service.New(st.main, s.source.initial, service.Options{
-		Logger: s.log, Bounds: r.bounds,
+		Logger: s.log, Recovery: s.recovery, Bounds: r.bounds,
 		FailureMode: st.failureMode, Fallback: st.fallback, LocalShare: st.localShare, Now: s.now,
 		ResponseHeaders: r.responseHeaders, HeaderNames: r.headerNames, DynamicMetadata: r.dynamicMetadata, NearLimitRatio: r.nearLimitRatio,
 		Observer: service.Tee(s.observers...), EnableReset: r.enableReset, Leases: st.leases, Global: st.global,

@@ -16,7 +16,9 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // serve runs the servers until ctx is done, then drains them.
@@ -92,7 +94,8 @@ func configure(args []string, lookupEnv func(string) (string, bool), stderr io.W
 func run(ctx context.Context, c *serveConfig, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx) // ends the components' background work on every return
 	defer cancel()
-	s := &server{log: log, reg: newRegistry(), lookupEnv: c.lookupEnv, flagName: c.source, now: c.serving.clock(log)}
+	s := &server{log: log, reg: newRegistry(), lookupEnv: c.lookupEnv, flagName: c.source, now: c.serving.clock(log),
+		recovery: wire.NewRecovery(log)}
 	var built []hooks
 	defer func() {
 		for i := len(built) - 1; i >= 0; i-- {
@@ -160,7 +163,7 @@ func (c *servingConfig) wire(ctx context.Context, s *server, built []hooks) ([]l
 			h.http(mux)
 		}
 	}
-	app := s.svc.WrapHTTP(mux) // a panicking handler is answered 500 and logged
+	app := s.recovery.WrapHTTP(mux) // a panicking handler is answered 500 and logged
 	hs := newHTTPServer(app, s.log)
 	hs.TLSConfig = httpTLS
 	gl := grpcListener("gRPC", c.grpcAddr, gs, s.log, logServing(s.log, "serving gRPC", "tls", grpcTLS != nil, "mtls", c.grpcTLS.ClientCA != ""))
@@ -183,19 +186,16 @@ func (c *servingConfig) wire(ctx context.Context, s *server, built []hooks) ([]l
 
 // grpcServerOptions are the gRPC server's options: requests are decoded
 // first (descriptor bytes that are not UTF-8 are decided, other requests
-// that do not decode are refused naming the field:
-// service.DecodeOptions), so its interceptors are the outermost; then the
-// components'; then panic recovery (a panicking handler is answered
-// Internal and logged, the process stays); then the server's own.
+// that do not decode are refused naming the field: wire.DecodeOptions),
+// so its interceptors are the outermost; then the components'; then panic
+// recovery (a panicking handler is answered Internal and logged, the
+// process stays); then the server's own.
 func (c *servingConfig) grpcServerOptions(s *server, built []hooks, cfg *tls.Config) []grpc.ServerOption {
-	opts := service.DecodeOptions()
+	opts := wire.DecodeOptions(service.Tolerance(), rlqs.Tolerance())
 	for _, h := range built {
 		opts = append(opts, h.grpcOptions...)
 	}
-	opts = append(opts,
-		grpc.ChainUnaryInterceptor(s.svc.UnaryInterceptor()),
-		grpc.ChainStreamInterceptor(s.svc.StreamInterceptor()),
-	)
+	opts = append(opts, s.recovery.ServerOptions()...)
 	return append(opts, c.grpcOptions(cfg)...)
 }
 

@@ -61,6 +61,66 @@ func TestAlgorithmNames(t *testing.T) {
 	}
 }
 
+// TestPropertiesMatchCheck checks that the properties rule validation
+// reads agree with the bounds Check enforces: MaxLog bounds exactly the
+// algorithms that log hits, MaxBucket those and the bucket algorithms.
+func TestPropertiesMatchCheck(t *testing.T) {
+	for _, a := range Algorithms() {
+		overLog := Limit{Algorithm: a, Requests: MaxLog + 1, Window: time.Second}
+		if refused := overLog.Check() != nil; refused != a.LogsHits() {
+			t.Errorf("%v: Check refuses %d requests: %v; LogsHits: %v", a, overLog.Requests, refused, a.LogsHits())
+		}
+		overBucket := Limit{Algorithm: a, Requests: MaxBucket + 1, Window: time.Second}
+		if refused := overBucket.Check() != nil; refused != (a.LogsHits() || a.UsesBurst()) {
+			t.Errorf("%v: Check refuses %d requests: %v; LogsHits: %v, UsesBurst: %v", a, overBucket.Requests, refused, a.LogsHits(), a.UsesBurst())
+		}
+	}
+}
+
+// TestEveryUnleasableAlgorithmSaysWhy checks that an algorithm has a
+// reason not to lease exactly when it does not, and that the reason is
+// its own, not the fallback.
+func TestEveryUnleasableAlgorithmSaysWhy(t *testing.T) {
+	for _, a := range append(Algorithms(), Concurrency) {
+		why := a.UnleasableReason()
+		switch {
+		case a.Leasable() && why != "":
+			t.Errorf("%v leases, yet says it cannot because it %s", a, why)
+		case !a.Leasable() && (why == "" || why == Algorithm(255).UnleasableReason()):
+			t.Errorf("%v does not lease and says only %q", a, why)
+		}
+	}
+}
+
+// TestFullUntilAdmissible checks the property an over-limit cache relies
+// on: after a refusal, hits counted past the limit keep refusing until the
+// admissible instant the refusal named, and then no longer weigh, exactly
+// for the algorithms that say so.
+func TestFullUntilAdmissible(t *testing.T) {
+	for _, a := range Algorithms() {
+		l := Limit{Algorithm: a, Requests: 3, Window: time.Second}
+		counting := func(hits uint64) *Request { return &Request{Limit: l, Hits: hits, Count: true} }
+		var s State
+		for range l.Requests {
+			if d := Apply(&s, epoch, counting(1)); !d.Allowed {
+				t.Fatalf("%v: refused a hit within the limit: %+v", a, d)
+			}
+		}
+		refusal := Apply(&s, epoch, counting(1))
+		if refusal.Allowed || refusal.RetryAfter <= 0 || refusal.RetryAfter == Never {
+			t.Fatalf("%v: the hit past the limit got %+v, want a refusal with a retry", a, refusal)
+		}
+		if d := Apply(&s, epoch.Add(refusal.RetryAfter/2), counting(5)); d.Allowed {
+			t.Fatalf("%v: admitted hits before the admissible instant: %+v", a, d)
+		}
+		d := Step(&s, epoch.Add(refusal.RetryAfter), l, 1)
+		if d.Allowed != a.FullUntilAdmissible() {
+			t.Errorf("%v: at the admissible instant, after counting past the limit, a hit is allowed: %v; FullUntilAdmissible: %v",
+				a, d.Allowed, a.FullUntilAdmissible())
+		}
+	}
+}
+
 func TestStepUnknownAlgorithmRefuses(t *testing.T) {
 	s := State{Time: 1, Count: 1}
 	next, d := step(s, epoch, Limit{Algorithm: 200, Requests: 10, Window: time.Second}, 1)

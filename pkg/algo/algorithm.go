@@ -186,6 +186,44 @@ func (a Algorithm) Leasable() bool {
 	return false
 }
 
+// UnleasableReason says why a cannot be leased, as words completing
+// "<algorithm> ...", such as "ties each admitted hit to its own instant";
+// it is empty when a is [Algorithm.Leasable].
+func (a Algorithm) UnleasableReason() string {
+	if a.Leasable() {
+		return ""
+	}
+	switch a {
+	case SlidingWindowLog:
+		return "ties each admitted hit to its own instant"
+	case LeakyBucket:
+		return "gives each admitted hit its place in one queue"
+	case BurstFill:
+		return "starts its window at the first request, which one replica cannot know of another"
+	case Concurrency:
+		return "holds slots for holders, not a budget of hits"
+	}
+	return "is not leasable"
+}
+
+// LogsHits reports whether a keeps one entry per admitted hit, so that
+// [MaxLog] bounds its Requests: SlidingWindowLog does.
+func (a Algorithm) LogsHits() bool {
+	return a == SlidingWindowLog
+}
+
+// FullUntilAdmissible reports whether a refusal of a leaves the limit
+// refusing whatever more is counted past it ([Request.Count]) until the
+// instant the refusal names as admissible, and admitting from then on: a
+// window's count past N is forgotten when the window ends, the instant
+// its refusals name. Other algorithms carry what is counted past their
+// limit further (a debt, a count that weighs on the next window). An
+// over-limit cache may answer a counting request of such an algorithm
+// from a refusal it holds.
+func (a Algorithm) FullUntilAdmissible() bool {
+	return a == FixedWindow || a == BurstFill
+}
+
 // Check reports whether l is within the bounds its algorithm computes
 // exactly. [Step] refuses every hit of a limit that fails Check; rule
 // validation keeps such limits out of the rules.

@@ -14,5 +14,15 @@
 // stays below 2^53, where the Lua twins' float64 numbers are exact: until
 // the year 2255.
 //
+// An [Algorithm] is also the name rule files give it and the properties
+// the rest of ratelimitd reads instead of listing algorithms: whether it
+// takes a burst, leases, logs hits, holds a refusal until its admissible
+// instant. A new algorithm is a constant in algorithm.go (its name, its
+// place in [Algorithms], its properties and bounds), its Go step (and
+// overcount, and lease ops if it leases) dispatched in step.go, count.go
+// and lease.go, its Lua twin lua/<name>.lua, and its conformance cases in
+// algotest; outside this package, only its value in the own API's
+// Algorithm enum (proto/ratelimitd/v1) and its docs.
+//
 // This package imports nothing else of ratelimitd.
 package algo

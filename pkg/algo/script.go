@@ -12,19 +12,15 @@ import (
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
-// scriptParts are the Lua files of the decision script, in the order they
-// are joined: helpers, every algorithm, then the driver.
-var scriptParts = []string{
-	"common.lua",
-	"fixed_window.lua",
-	"sliding_window_log.lua",
-	"sliding_window_counter.lua",
-	"token_bucket.lua",
-	"leaky_bucket.lua",
-	"gcra.lua",
-	"burst_fill.lua",
-	"concurrency.lua",
-	"decide.lua",
+// scriptParts returns the Lua files of the decision script, in the order
+// they are joined: helpers, every algorithm's twin (lua/<name>.lua, named
+// as rule files name it), then the driver.
+func scriptParts() []string {
+	parts := []string{"common.lua"}
+	for _, a := range append(Algorithms(), Concurrency) {
+		parts = append(parts, a.String()+".lua")
+	}
+	return append(parts, "decide.lua")
 }
 
 // Script returns the Lua decision script: every algorithm's twin of its Go
@@ -42,7 +38,7 @@ func Script() string {
 // writeParts writes every Lua file of the decision code to b, in order.
 // The last, decide.lua, defines decide(KEYS, ARGV) without calling it.
 func writeParts(b *strings.Builder) {
-	for _, name := range scriptParts {
+	for _, name := range scriptParts() {
 		src, err := luaFiles.ReadFile("lua/" + name)
 		if err != nil {
 			panic(err) // the files are embedded: unreachable

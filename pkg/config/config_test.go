@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/invalid/*.golden from the current errors")
@@ -116,7 +118,7 @@ func TestLoadReferenceFormat(t *testing.T) {
 			t.Errorf("rule %s missing; have %v", c.id, keys(byID))
 			continue
 		}
-		if r.RequestsPerUnit != c.n || r.Window != c.window || r.Algorithm != FixedWindow || r.Burst != 0 {
+		if r.RequestsPerUnit != c.n || r.Window != c.window || r.Algorithm != algo.FixedWindow || r.Burst != 0 {
 			t.Errorf("%s: %d per %v (%v, burst %d), want %d per %v with fixed_window", c.id,
 				r.RequestsPerUnit, r.Window, r.Algorithm, r.Burst, c.n, c.window)
 		}
@@ -158,7 +160,7 @@ func TestExamplesLoad(t *testing.T) {
 	}
 	// Every algorithm, a rule with several limits, and a leased limit
 	// have an example.
-	shown := map[Algorithm]bool{}
+	shown := map[algo.Algorithm]bool{}
 	several, leased, slots, slotsAlone := false, false, false, false
 	for _, d := range rules.Domains() {
 		for _, r := range d.Rules() {
@@ -177,7 +179,7 @@ func TestExamplesLoad(t *testing.T) {
 	if !slots || !slotsAlone {
 		t.Errorf("examples show a concurrency limit: %v, one alone: %v; want both", slots, slotsAlone)
 	}
-	for _, a := range Algorithms() {
+	for _, a := range algo.Algorithms() {
 		if !shown[a] {
 			t.Errorf("no example rule uses %v", a)
 		}
@@ -430,10 +432,17 @@ func TestUnitsAndFailureModes(t *testing.T) {
 	if _, err := ParseFailureMode("Open"); err == nil {
 		t.Error("ParseFailureMode accepted Open")
 	}
-	for _, a := range Algorithms() {
-		if got, err := ParseAlgorithm(a.String()); err != nil || got != a {
-			t.Errorf("ParseAlgorithm(%q) = %v, %v", a.String(), got, err)
+	// Every algorithm loads from a rule file under its name, and a
+	// not-rule-file one (concurrency) does not.
+	for _, a := range algo.Algorithms() {
+		r := parse(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1, unit: second, algorithm: "+a.String()+"}\n")
+		if got := r.Domain("d").Rules()[0].Limits[0].Algorithm; got != a {
+			t.Errorf("algorithm: %v loads as %v", a, got)
 		}
+	}
+	if _, err := Parse(File{Name: "c.yaml", Data: []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1, unit: second, algorithm: " +
+		algo.Concurrency.String() + "}\n")}); err == nil {
+		t.Errorf("algorithm: %v loaded; it is made by a concurrency block, not named", algo.Concurrency)
 	}
 }
 
@@ -556,13 +565,13 @@ descriptors:
   - {key: zero, rate_limit: {algorithm: token_bucket, requests_per_unit: 0, unit: second, burst: 67108864}}
 `).Domain("algorithms")
 	want := map[string]Limit{
-		"algorithms.log":     {RequestsPerUnit: 10000, Unit: Hour, UnitMultiplier: 1, Window: time.Hour, Algorithm: SlidingWindowLog},
-		"algorithms.counter": {RequestsPerUnit: maxUint32, Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: SlidingWindowCounter},
-		"algorithms.token":   {RequestsPerUnit: MaxBucket, Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: TokenBucket, Burst: MaxBucket},
-		"algorithms.leaky":   {RequestsPerUnit: 10, Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: LeakyBucket},
-		"algorithms.gcra":    {RequestsPerUnit: 1, Unit: Year, UnitMultiplier: 1, Window: 365 * 24 * time.Hour, Algorithm: GCRA, Burst: 100},
-		"algorithms.fill":    {RequestsPerUnit: maxUint32, Unit: Year, UnitMultiplier: 100, Window: MaxWindow, Algorithm: BurstFill},
-		"algorithms.zero":    {Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: TokenBucket, Burst: MaxBucket},
+		"algorithms.log":     {RequestsPerUnit: 10000, Unit: Hour, UnitMultiplier: 1, Window: time.Hour, Algorithm: algo.SlidingWindowLog},
+		"algorithms.counter": {RequestsPerUnit: maxUint32, Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: algo.SlidingWindowCounter},
+		"algorithms.token":   {RequestsPerUnit: MaxBucket, Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: algo.TokenBucket, Burst: MaxBucket},
+		"algorithms.leaky":   {RequestsPerUnit: 10, Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: algo.LeakyBucket},
+		"algorithms.gcra":    {RequestsPerUnit: 1, Unit: Year, UnitMultiplier: 1, Window: 365 * 24 * time.Hour, Algorithm: algo.GCRA, Burst: 100},
+		"algorithms.fill":    {RequestsPerUnit: maxUint32, Unit: Year, UnitMultiplier: 100, Window: MaxWindow, Algorithm: algo.BurstFill},
+		"algorithms.zero":    {Unit: Second, UnitMultiplier: 1, Window: time.Second, Algorithm: algo.TokenBucket, Burst: MaxBucket},
 	}
 	rules := r.Rules()
 	if len(rules) != len(want) {
@@ -605,7 +614,7 @@ descriptors:
 	want := []Limit{
 		{Name: "per_second", RequestsPerUnit: 10, Unit: Second, UnitMultiplier: 1, Window: time.Second},
 		{RequestsPerUnit: 1000, Unit: Hour, UnitMultiplier: 1, Window: time.Hour},
-		{Name: "smooth", RequestsPerUnit: 1000, Unit: Hour, UnitMultiplier: 1, Window: time.Hour, Algorithm: TokenBucket, Burst: 50},
+		{Name: "smooth", RequestsPerUnit: 1000, Unit: Hour, UnitMultiplier: 1, Window: time.Hour, Algorithm: algo.TokenBucket, Burst: 50},
 	}
 	if user == nil || !reflect.DeepEqual(user.Limits, want) {
 		t.Fatalf("limits %+v, want %+v", user, want)
@@ -660,7 +669,7 @@ descriptors:
 			}
 		}
 	}
-	for _, a := range Algorithms() {
+	for _, a := range algo.Algorithms() {
 		_, err := Parse(File{Name: "a.yaml", Data: []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1, unit: second, algorithm: " +
 			a.String() + ", consistency: leased}\n")})
 		if (err == nil) != a.Leasable() {

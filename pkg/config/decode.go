@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // maxNodes bounds the YAML nodes walked in one file, every use of an alias
@@ -328,7 +330,7 @@ func (p *parser) limitField(b *limitBlock, f mappingField, sub string) bool {
 		}
 	case "algorithm":
 		b.alg = f.val
-		b.lim.Algorithm, good = keyword(p, f.val, sub, ParseAlgorithm)
+		b.lim.Algorithm, good = keyword(p, f.val, sub, algo.ParseAlgorithm)
 	case "burst":
 		b.burst = f.val
 		b.lim.Burst, good = p.uint(f.val, sub, 0, maxUint32) // 0: see checkLimit

@@ -25,6 +25,7 @@
 // rule-looking file left unread and a field accepted but not used are in
 // [Rules.Warnings], each naming its file and line.
 //
-// The package imports nothing else of ratelimitd: it knows which algorithms
-// a rule file may name ([Algorithm]), not how they work.
+// Of ratelimitd, the package imports only package algo, for the
+// algorithms a rule file may name ([algo.Algorithms]) and what each takes
+// (burst, leasing): their names and properties, not how they work.
 package config

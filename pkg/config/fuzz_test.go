@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // FuzzParse feeds arbitrary bytes to the rule parser: it must never panic,
@@ -59,7 +61,7 @@ func FuzzParse(f *testing.F) {
 					if l.Window <= 0 || l.Window > MaxWindow {
 						t.Fatalf("accepted rule %s with window %v", r.ID, l.Window)
 					}
-					if l.Algorithm == SlidingWindowLog && l.RequestsPerUnit > MaxLog ||
+					if l.Algorithm == algo.SlidingWindowLog && l.RequestsPerUnit > MaxLog ||
 						l.Algorithm.UsesBurst() && (l.RequestsPerUnit > MaxBucket || l.Capacity() > MaxBucket || l.Capacity() == 0 && l.RequestsPerUnit > 0) ||
 						!l.Algorithm.UsesBurst() && l.Burst != 0 {
 						t.Fatalf("accepted rule %s with limit %+v, out of its algorithm's bounds", r.ID, l)

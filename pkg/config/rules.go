@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // Rules is a validated set of rule files: one [Domain] per file. It is
@@ -184,7 +186,7 @@ type Rule struct {
 	// Algorithm decides the rule; Burst is its bucket capacity, 0 when the
 	// algorithm takes none or the rule leaves it to the default. For a
 	// rule with several limits they are the first one's.
-	Algorithm Algorithm
+	Algorithm algo.Algorithm
 	Burst     uint64
 	// Limits lists every limit of the rule, in file order: the one of
 	// rate_limit, or each entry of rate_limits. Limits[0] repeats the
@@ -254,7 +256,7 @@ type Limit struct {
 	Window          time.Duration
 	// Algorithm decides the limit; Burst is its bucket capacity, 0 when
 	// the algorithm takes none or the rule leaves it to the default.
-	Algorithm Algorithm
+	Algorithm algo.Algorithm
 	Burst     uint64
 	// Consistency says where the limit is decided: in the backend (Exact)
 	// or by each replica from leased budget (Leased).

@@ -8,9 +8,12 @@ package config
 import (
 	"fmt"
 	"math/bits"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
 // Bounds on what a rule file may say.
@@ -21,15 +24,15 @@ const (
 	// MaxWindow is the longest window unit × unit_multiplier may make.
 	MaxWindow = 100 * 365 * 24 * time.Hour
 	// MaxBucket bounds requests_per_unit and burst of the bucket
-	// algorithms (token_bucket, leaky_bucket, gcra), MaxRefill the time
-	// their bucket takes to refill from empty (burst × window /
-	// requests_per_unit), and MaxLog requests_per_unit of
-	// sliding_window_log, which keeps one timestamp per admitted hit.
-	// They mirror package algo's bounds of exact arithmetic, so every
-	// limit a rule file states is one algo computes.
-	MaxBucket = 1 << 26
-	MaxRefill = MaxWindow
-	MaxLog    = 10_000
+	// algorithms (those that use burst), MaxRefill the time their bucket
+	// takes to refill from empty (burst × window / requests_per_unit),
+	// and MaxLog requests_per_unit of an algorithm that logs hits, which
+	// keeps one timestamp per admitted hit. They are package algo's
+	// bounds of exact arithmetic, so every limit a rule file states is
+	// one algo computes.
+	MaxBucket = algo.MaxBucket
+	MaxRefill = algo.MaxRefill
+	MaxLog    = algo.MaxLog
 	maxUint32 = 1<<32 - 1
 )
 
@@ -200,9 +203,9 @@ func (p *parser) checkLimit(b *limitBlock) bool {
 		p.fail(b.burst, b.field+".burst", "%s does not use burst; only bucket algorithms take a capacity", l.Algorithm)
 		return false
 	}
-	if l.Scope == Global && l.Algorithm != FixedWindow {
+	if l.Scope == Global && l.Algorithm != algo.FixedWindow {
 		p.fail(b.scope, b.field+".scope", "global counts a limit as the sum of each region's count in a window: "+
-			"only fixed_window keeps one count per window, not %s (or scope: region)", l.Algorithm)
+			"only %s keeps one count per window, not %s (or scope: region)", algo.FixedWindow, l.Algorithm)
 		return false
 	}
 	if b.part != nil && l.Scope != Global {
@@ -212,18 +215,18 @@ func (p *parser) checkLimit(b *limitBlock) bool {
 	}
 	if l.Consistency == Leased && !l.Algorithm.Leasable() {
 		p.fail(b.cons, b.field+".consistency", "leased needs a budget that any replica may spend: %s %s; "+
-			"leasable: fixed_window, sliding_window_counter, token_bucket, gcra (or consistency: exact)", l.Algorithm, unleasableWhy(l.Algorithm))
+			"leasable: %s (or consistency: exact)", l.Algorithm, l.Algorithm.UnleasableReason(), leasableNames())
 		return false
 	}
 	n := uint64(l.RequestsPerUnit)
-	switch l.Algorithm {
-	case SlidingWindowLog:
+	switch {
+	case l.Algorithm.LogsHits():
 		if n > MaxLog {
-			p.fail(b.rpu, b.field+".requests_per_unit", "%d is above %d, the most sliding_window_log accepts: it keeps one timestamp per admitted hit; "+
-				"use sliding_window_counter or token_bucket for larger limits", n, MaxLog)
+			p.fail(b.rpu, b.field+".requests_per_unit", "%d is above %d, the most %s accepts: it keeps one timestamp per admitted hit; "+
+				"use sliding_window_counter or token_bucket for larger limits", n, MaxLog, l.Algorithm)
 			ok = false
 		}
-	case TokenBucket, LeakyBucket, GCRA:
+	case l.Algorithm.UsesBurst():
 		if n > MaxBucket {
 			p.fail(b.rpu, b.field+".requests_per_unit", "%d is above %d (2^26), the most %s computes exactly; "+
 				"state the same rate per a shorter unit, or use a window algorithm", n, MaxBucket, l.Algorithm)
@@ -245,6 +248,18 @@ func (p *parser) checkLimit(b *limitBlock) bool {
 		}
 	}
 	return ok
+}
+
+// leasableNames lists the algorithms a leased limit may use, for
+// messages: "fixed_window, sliding_window_counter, ...".
+func leasableNames() string {
+	var names []string
+	for _, a := range algo.Algorithms() {
+		if a.Leasable() {
+			names = append(names, a.String())
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 // refillTooLong reports whether a bucket of capacity b refilled at n per

@@ -8,12 +8,14 @@ import (
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratelimitd/ratelimitd/internal/wiretest"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
-	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // TestBucketIDNotUTF8: Envoy's filter builds bucket ids from request
@@ -28,7 +30,7 @@ import (
 func TestBucketIDNotUTF8(t *testing.T) {
 	var logs bytes.Buffer
 	f := startWith(t, rlqs.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, &clock{t: time.Unix(1_700_000_000, 0)},
-		service.DecodeOptions()...) // as ratelimitd serves it
+		wire.DecodeOptions(rlqs.Tolerance())...) // as ratelimitd serves it
 	srv, clk, conn := f.srv, f.clock, f.conn
 	ctx := ctxT(t)
 	st, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true},
@@ -82,5 +84,33 @@ func TestBucketIDNotUTF8(t *testing.T) {
 	}
 	if n := bytes.Count(logs.Bytes(), []byte("not UTF-8")); n != 1 {
 		t.Errorf("logged %d times, want once per stream:\n%s", n, logs.String())
+	}
+}
+
+// TestDomainNotUTF8: a report whose domain is not UTF-8 is refused as
+// InvalidArgument naming the domain, though its bucket ids may hold any
+// bytes: the domain comes from Envoy's config, not from headers
+// (rlqs.Tolerance).
+func TestDomainNotUTF8(t *testing.T) {
+	f := startWith(t, rlqs.Options{}, &clock{t: time.Unix(1_700_000_000, 0)}, wire.DecodeOptions(rlqs.Tolerance())...)
+	st, err := f.conn.NewStream(ctxT(t), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true},
+		"/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas", wiretest.CallOption())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const placeholder = "QUOTA"
+	b, err := proto.Marshal(&rlqsv3.RateLimitQuotaUsageReports{Domain: placeholder, BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"name": "acme"}}, TimeElapsed: durationpb.New(0), NumRequestsAllowed: 1},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SendMsg(wiretest.Raw(bytes.Replace(b, []byte(placeholder), []byte("\xff"+placeholder[1:]), 1))); err != nil {
+		t.Fatal(err)
+	}
+	var out wiretest.Raw
+	err = st.RecvMsg(&out)
+	if status.Code(err) != codes.InvalidArgument || wiretest.Violation(err) != "domain" {
+		t.Fatalf("%v (field %q); want InvalidArgument naming domain", err, wiretest.Violation(err))
 	}
 }

@@ -7,11 +7,9 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // Default request bounds.
@@ -52,75 +50,46 @@ func (b Bounds) withDefaults() Bounds {
 	return b
 }
 
-// badRequest is a request refused for breaking a bound or the API's rules.
-type badRequest struct {
-	field string // such as "descriptors[2].entries[0].key"
-	msg   string
-}
-
-func (e *badRequest) Error() string {
-	if e.field == "" {
-		return e.msg
-	}
-	return e.field + ": " + e.msg
-}
-
-// status returns e as gRPC InvalidArgument with a BadRequest detail, so
-// clients can tell which field was wrong.
-func (e *badRequest) status() error {
-	st := status.New(codes.InvalidArgument, e.Error())
-	if d, err := st.WithDetails(&errdetails.BadRequest{
-		FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: e.field, Description: e.msg}},
-	}); err == nil {
-		st = d
-	}
-	return st.Err()
-}
-
-func bad(field, format string, args ...any) *badRequest {
-	return &badRequest{field: field, msg: fmt.Sprintf(format, args...)}
-}
-
 // check returns the first way req breaks the bounds or the API, or nil.
-func (b *Bounds) check(req *rlsv3.RateLimitRequest) *badRequest {
+func (b *Bounds) check(req *rlsv3.RateLimitRequest) *wire.BadRequest {
 	switch n := len(req.Domain); {
 	case n == 0:
-		return bad("domain", "must not be empty")
+		return wire.Bad("domain", "must not be empty")
 	case n > b.MaxDomainLen:
-		return bad("domain", "is %d bytes long; at most %d are accepted", n, b.MaxDomainLen)
+		return wire.Bad("domain", "is %d bytes long; at most %d are accepted", n, b.MaxDomainLen)
 	}
 	switch n := len(req.Descriptors); {
 	case n == 0:
-		return bad("descriptors", "none given; a request carries 1 to %d", b.MaxDescriptors)
+		return wire.Bad("descriptors", "none given; a request carries 1 to %d", b.MaxDescriptors)
 	case n > b.MaxDescriptors:
-		return bad("descriptors", "%d given; at most %d are accepted", n, b.MaxDescriptors)
+		return wire.Bad("descriptors", "%d given; at most %d are accepted", n, b.MaxDescriptors)
 	}
 	if h := uint64(req.HitsAddend); h > b.MaxHits {
-		return bad("hits_addend", "is %d; at most %d are accepted", h, b.MaxHits)
+		return wire.Bad("hits_addend", "is %d; at most %d are accepted", h, b.MaxHits)
 	}
 	for i, d := range req.Descriptors {
 		switch n := len(d.GetEntries()); {
 		case n == 0:
-			return bad(fmt.Sprintf("descriptors[%d].entries", i), "none given; a descriptor carries 1 to %d", b.MaxEntries)
+			return wire.Bad(fmt.Sprintf("descriptors[%d].entries", i), "none given; a descriptor carries 1 to %d", b.MaxEntries)
 		case n > b.MaxEntries:
-			return bad(fmt.Sprintf("descriptors[%d].entries", i), "%d given; at most %d are accepted", n, b.MaxEntries)
+			return wire.Bad(fmt.Sprintf("descriptors[%d].entries", i), "%d given; at most %d are accepted", n, b.MaxEntries)
 		}
 		for j, e := range d.GetEntries() {
 			switch n := len(e.GetKey()); {
 			case n == 0:
-				return bad(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), "must not be empty")
+				return wire.Bad(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), "must not be empty")
 			case n > b.MaxKeyLen:
-				return bad(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), "is %d bytes long; at most %d are accepted", n, b.MaxKeyLen)
+				return wire.Bad(fmt.Sprintf("descriptors[%d].entries[%d].key", i, j), "is %d bytes long; at most %d are accepted", n, b.MaxKeyLen)
 			}
 			if n := len(e.GetValue()); n > b.MaxValueLen {
-				return bad(fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), "is %d bytes long; at most %d are accepted", n, b.MaxValueLen)
+				return wire.Bad(fmt.Sprintf("descriptors[%d].entries[%d].value", i, j), "is %d bytes long; at most %d are accepted", n, b.MaxValueLen)
 			}
 		}
 		if h := d.GetHitsAddend(); h != nil && h.Value > b.MaxHits {
-			return bad(fmt.Sprintf("descriptors[%d].hits_addend", i), "is %d; at most %d are accepted", h.Value, b.MaxHits)
+			return wire.Bad(fmt.Sprintf("descriptors[%d].hits_addend", i), "is %d; at most %d are accepted", h.Value, b.MaxHits)
 		}
 		if d.GetIsNegativeHits() {
-			return bad(fmt.Sprintf("descriptors[%d].is_negative_hits", i), "refunds are not supported; send positive hits only")
+			return wire.Bad(fmt.Sprintf("descriptors[%d].is_negative_hits", i), "refunds are not supported; send positive hits only")
 		}
 		if o := d.GetLimit(); o != nil {
 			if err := checkOverride(o, fmt.Sprintf("descriptors[%d].limit", i)); err != nil {
@@ -132,17 +101,17 @@ func (b *Bounds) check(req *rlsv3.RateLimitRequest) *badRequest {
 }
 
 // checkOverride validates a descriptor's limit override.
-func checkOverride(o *rlv3.RateLimitDescriptor_RateLimitOverride, field string) *badRequest {
+func checkOverride(o *rlv3.RateLimitDescriptor_RateLimitOverride, field string) *wire.BadRequest {
 	unit := overrideUnit(o.Unit)
 	if unit == 0 {
-		return bad(field+".unit", "is %s; accepted: SECOND, MINUTE, HOUR, DAY, MONTH, YEAR", o.Unit)
+		return wire.Bad(field+".unit", "is %s; accepted: SECOND, MINUTE, HOUR, DAY, MONTH, YEAR", o.Unit)
 	}
 	if m := o.GetUnitMultiplier(); m != nil {
 		if m.Value == 0 {
-			return bad(field+".unit_multiplier", "is 0; it must be at least 1 (or unset)")
+			return wire.Bad(field+".unit_multiplier", "is 0; it must be at least 1 (or unset)")
 		}
 		if time.Duration(m.Value) > config.MaxWindow/unit.Duration() {
-			return bad(field+".unit_multiplier", "%d %ss is longer than the longest window, 100 years", m.Value, unit)
+			return wire.Bad(field+".unit_multiplier", "%d %ss is longer than the longest window, 100 years", m.Value, unit)
 		}
 	}
 	return nil

@@ -7,21 +7,16 @@ import (
 	"testing"
 	"time"
 
-	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding"
-	encproto "google.golang.org/grpc/encoding/proto"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/mem"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/wiretest"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
@@ -82,65 +77,6 @@ func TestDescriptorBytesAreOpaqueKeys(t *testing.T) {
 	}
 }
 
-// TestLenientDecodeKeepsEveryField: the decoding that takes strings as
-// bytes reads every field of a RateLimitRequest as protobuf does, nested
-// messages, wrappers, enums and fields unknown to this build included.
-func TestLenientDecodeKeepsEveryField(t *testing.T) {
-	want := &rlsv3.RateLimitRequest{
-		Domain:     "messaging",
-		HitsAddend: 7,
-		Descriptors: []*rlv3.RateLimitDescriptor{{
-			Entries:        []*rlv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}, {Key: "k2"}},
-			Limit:          &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 9, Unit: 3, UnitMultiplier: wrapperspb.UInt32(2)},
-			HitsAddend:     wrapperspb.UInt64(5),
-			IsNegativeHits: true,
-		}},
-	}
-	b, err := proto.Marshal(want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A field this build does not know, kept as protobuf keeps it.
-	b = protowire.AppendTag(b, 99, protowire.VarintType)
-	b = protowire.AppendVarint(b, 1)
-	if err := proto.Unmarshal(b, want); err != nil {
-		t.Fatal(err)
-	}
-	got := &rlsv3.RateLimitRequest{}
-	if err := newDecoder().rls.decode(b, got); err != nil {
-		t.Fatal(err)
-	}
-	if !proto.Equal(got, want) {
-		t.Fatalf("decoded %v\nwant    %v", got, want)
-	}
-	// Every field of the request and the messages it holds is set above,
-	// so that a field go-control-plane adds fails this test until it is.
-	var check func(m protoreflect.Message)
-	check = func(m protoreflect.Message) {
-		fields := m.Descriptor().Fields()
-		for i := range fields.Len() {
-			fd := fields.Get(i)
-			if m.Descriptor().FullName() == "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.Entry" && fd.Name() == "value" {
-				continue // the second entry shows an empty value
-			}
-			if !m.Has(fd) {
-				t.Errorf("%s is not set in the test's request", fd.FullName())
-				continue
-			}
-			if fd.IsList() {
-				for j := range m.Get(fd).List().Len() {
-					if fd.Message() != nil {
-						check(m.Get(fd).List().Get(j).Message())
-					}
-				}
-			} else if fd.Message() != nil && !strings.HasPrefix(string(fd.Message().FullName()), "google.protobuf.") {
-				check(m.Get(fd).Message())
-			}
-		}
-	}
-	check(want.ProtoReflect())
-}
-
 // TestUndecodableRequests: a request that does not decode is answered
 // InvalidArgument naming the field, in the message and in a BadRequest
 // detail, never Internal: on Envoy's API when the wire form is broken, on
@@ -191,62 +127,6 @@ func TestUndecodableRequests(t *testing.T) {
 	}
 	if n := f.svc.Panics(); n != 0 {
 		t.Errorf("%d panics", n)
-	}
-}
-
-// TestDecoderForgetsRefusals: each refused message is answered once, and
-// its note is dropped; a valid message then decodes as usual.
-func TestDecoderForgetsRefusals(t *testing.T) {
-	d := newDecoder()
-	m := &ratelimitdv1.CheckRequest{}
-	if err := d.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wiretest.Request("\xff"))}, m); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.take(m); status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("take: %v, want InvalidArgument", err)
-	}
-	if err := d.take(m); err != nil || d.pending.Load() != 0 {
-		t.Fatalf("second take: %v, %d pending; want nothing left", err, d.pending.Load())
-	}
-	if err := d.Unmarshal(mem.BufferSlice{mem.SliceBuffer(wiretest.Request("ok"))}, m); err != nil || d.take(m) != nil || m.Domain != "ok" {
-		t.Fatalf("valid message after a refusal: %v, %v", err, m)
-	}
-}
-
-// BenchmarkDecodeRequest decodes RateLimitRequests as the gRPC server
-// does, with grpc-go's codec and with DecodeOptions' (codec=ratelimitd):
-// valid ones cost the same; one whose value is not UTF-8 grpc-go refuses,
-// ratelimitd decodes a second time with strings as bytes.
-func BenchmarkDecodeRequest(b *testing.B) {
-	codecs := []struct {
-		name  string
-		codec encoding.CodecV2
-	}{{"grpc", encoding.GetCodecV2(encproto.Name)}, {"ratelimitd", newDecoder()}}
-	inputs := []struct {
-		name string
-		b    []byte
-	}{
-		{"one_descriptor", wiretest.Request("messaging", []string{"to_number", "2061111111"})},
-		{"two_descriptors", wiretest.Request("messaging", []string{"message_type", "marketing", "to_number", "2061111111"}, []string{"to_number", "2061111111"})},
-		{"value_not_utf8", wiretest.Request("messaging", []string{"message_type", "marketing", "to_number", "2061111111\xff"}, []string{"to_number", "2061111111"})},
-	}
-	for _, in := range inputs {
-		for _, c := range codecs {
-			b.Run("input="+in.name+"/codec="+c.name, func(b *testing.B) {
-				b.ReportAllocs()
-				data := mem.BufferSlice{mem.SliceBuffer(in.b)}
-				for b.Loop() {
-					var req rlsv3.RateLimitRequest
-					err := c.codec.Unmarshal(data, &req)
-					if d, ok := c.codec.(*decoder); ok {
-						err = d.take(&req)
-					}
-					if (err == nil) != (c.name == "ratelimitd" || in.name != "value_not_utf8") {
-						b.Fatal(err)
-					}
-				}
-			})
-		}
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // fuzzService returns a function that makes a service under the example
@@ -97,7 +98,7 @@ func FuzzJSON(f *testing.F) {
 
 		var req rlsv3.RateLimitRequest
 		parseErr := protojson.Unmarshal(body, &req)
-		var boundsErr *badRequest
+		var boundsErr *wire.BadRequest
 		if parseErr == nil {
 			boundsErr = svc.bounds.check(&req)
 		}

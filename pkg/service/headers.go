@@ -402,7 +402,7 @@ func limitFigures(c *check, j int) (q uint64, w time.Duration, burst uint64) {
 	}
 	l := &c.rule.Limits[j]
 	q, w = uint64(l.RequestsPerUnit), l.Window
-	if algorithm(l.Algorithm).UsesBurst() && l.Capacity() != q {
+	if l.Algorithm.UsesBurst() && l.Capacity() != q {
 		burst = l.Capacity()
 	}
 	return q, w, burst

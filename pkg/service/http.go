@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // MaxJSONBody is the largest request body POST /json reads: 4 MiB, gRPC's
@@ -99,14 +100,9 @@ func HTTPStatus(c codes.Code) int {
 }
 
 // WriteJSONError answers code with {"error": msg}, as every JSON endpoint
-// of ratelimitd answers an error.
+// of ratelimitd answers an error; see [wire.WriteJSONError].
 func WriteJSONError(w http.ResponseWriter, code int, msg string) {
-	body, _ := json.Marshal(struct {
-		Error string `json:"error"`
-	}{msg})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	w.Write(append(body, '\n'))
+	wire.WriteJSONError(w, code, msg)
 }
 
 func (s *Service) serveHealthcheck(w http.ResponseWriter, r *http.Request) {

@@ -294,7 +294,7 @@ func TestRuleLimitsPassAlgoCheck(t *testing.T) {
 	units := []string{"second", "minute", "hour", "day", "week", "month", "year"}
 	loaded := 0
 	for i := range 20000 {
-		alg := config.Algorithms()[rng.IntN(len(config.Algorithms()))]
+		alg := algo.Algorithms()[rng.IntN(len(algo.Algorithms()))]
 		unit := units[rng.IntN(len(units))]
 		n := pick(0, 1, 7, 1000, algo.MaxLog, algo.MaxLog+1, 100_000, algo.MaxBucket-1, algo.MaxBucket, algo.MaxBucket+1, 1<<32-1,
 			rng.Uint64N(algo.MaxBucket)+1, rng.Uint64N(1<<32))
@@ -334,7 +334,7 @@ func TestRuleLimitsPassAlgoCheck(t *testing.T) {
 			if mult <= uint64(algo.MaxRefill/u.Duration())+1 {
 				window = time.Duration(mult) * u.Duration()
 			}
-			checkErr = algo.Limit{Algorithm: algorithm(alg), Requests: n, Window: window, Burst: burst}.Check()
+			checkErr = algo.Limit{Algorithm: alg, Requests: n, Window: window, Burst: burst}.Check()
 		}
 		if (err == nil) != (checkErr == nil) {
 			t.Fatalf("case %d:\n%s\nconfig: %v\nalgo.Limit.Check: %v", i, src, err, checkErr)

@@ -82,7 +82,7 @@ func descriptorMetadata(d *rlv3.RateLimitDescriptor) *structpb.Struct {
 }
 
 // text returns s with each byte that is not UTF-8 replaced by U+FFFD.
-// DecodeOptions decides requests whose descriptors hold such bytes, as
+// Tolerance has requests whose descriptors hold such bytes decided, as
 // Envoy copies them from headers; protobuf encodes no string that is not
 // UTF-8, and an answer that fails to encode reaches Envoy as Internal,
 // which its default failure_mode_deny: false admits.

@@ -83,8 +83,8 @@ descriptors:
 }
 
 // TestDynamicMetadataOfBytesNotUTF8: a descriptor or domain that is not
-// UTF-8 (Envoy copies header bytes into descriptors; DecodeOptions decides
-// them) is decided and answered with the dynamic metadata too, each bad
+// UTF-8 (Envoy copies header bytes into descriptors; Tolerance has them
+// decided) is decided and answered with the dynamic metadata too, each bad
 // byte shown as U+FFFD: protobuf encodes no string that is not UTF-8, and
 // a call answered Internal instead is admitted by Envoy's default
 // failure_mode_deny: false, a bypass of the limit.

@@ -52,7 +52,7 @@ func (a ownAPI) Reset(ctx context.Context, req *ratelimitdv1.ResetRequest) (*rat
 	}
 	rls := toRLS(req.GetDomain(), []*ratelimitdv1.Descriptor{req.GetDescriptor_()}, 0)
 	if err := s.bounds.check(rls); err != nil {
-		return nil, err.status()
+		return nil, err.Status()
 	}
 	dom := s.rules.Load().Domain(rls.Domain)
 	if dom == nil {
@@ -109,7 +109,7 @@ func toRLS(domain string, ds []*ratelimitdv1.Descriptor, hits uint64) *rlsv3.Rat
 func (s *Service) check(ctx context.Context, domain string, ds []*ratelimitdv1.Descriptor, hits uint64, peek bool) (bool, []*ratelimitdv1.DescriptorResult, error) {
 	req := toRLS(domain, ds, hits)
 	if err := s.bounds.check(req); err != nil {
-		return false, nil, err.status()
+		return false, nil, err.Status()
 	}
 	dom := s.rules.Load().Domain(req.Domain)
 	if dom == nil {

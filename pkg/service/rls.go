@@ -95,7 +95,7 @@ func (d *rlsDescriptor) Entry(i int) (string, string) {
 // restrictive descriptor; see HeaderStyle.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := s.bounds.check(req); err != nil {
-		return nil, err.status()
+		return nil, err.Status()
 	}
 	n := len(req.Descriptors)
 	resp := &rlsv3.RateLimitResponse{
@@ -377,7 +377,7 @@ func ReferenceRule(r *config.Rule) bool {
 		return false
 	}
 	l := &r.Limits[0]
-	return l.Algorithm == config.FixedWindow && l.Consistency != config.Leased && l.Scope != config.Global && l.UnitMultiplier <= 1
+	return l.Algorithm == algo.FixedWindow && l.Consistency != config.Leased && l.Scope != config.Global && l.UnitMultiplier <= 1
 }
 
 // referenceOverride reports whether envoyproxy/ratelimit could hold a
@@ -454,32 +454,11 @@ func appendDescriptor(dst []byte, domain string, d *rlv3.RateLimitDescriptor, r 
 // ruleLimit is a limit of a rule in the form the algorithms take.
 func ruleLimit(l *config.Limit) algo.Limit {
 	return algo.Limit{
-		Algorithm: algorithm(l.Algorithm),
+		Algorithm: l.Algorithm,
 		Requests:  uint64(l.RequestsPerUnit),
 		Window:    l.Window,
 		Burst:     l.Burst,
 	}
-}
-
-// algorithm maps the algorithm a rule file names to its implementation.
-func algorithm(a config.Algorithm) algo.Algorithm {
-	switch a {
-	case config.FixedWindow:
-		return algo.FixedWindow
-	case config.SlidingWindowLog:
-		return algo.SlidingWindowLog
-	case config.SlidingWindowCounter:
-		return algo.SlidingWindowCounter
-	case config.TokenBucket:
-		return algo.TokenBucket
-	case config.LeakyBucket:
-		return algo.LeakyBucket
-	case config.GCRA:
-		return algo.GCRA
-	case config.BurstFill:
-		return algo.BurstFill
-	}
-	return math.MaxUint8 // no such algorithm: algo.Step refuses
 }
 
 // overrideLimit is the limit a validated override asks for. Overrides are

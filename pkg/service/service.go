@@ -27,6 +27,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
 
@@ -34,6 +35,11 @@ import (
 type Options struct {
 	// Logger receives the service's logs. Default: discard them.
 	Logger *slog.Logger
+	// Recovery recovers the panics of the service's handlers, and counts
+	// them for [Service.Panics]. Give every server of the process the same
+	// one, so that Panics counts theirs too. Default: a Recovery of the
+	// service's own, logging to Logger.
+	Recovery *wire.Recovery
 	// Bounds limit what one request may carry.
 	Bounds Bounds
 	// FailureMode is what a decision is when the backend fails, for
@@ -125,7 +131,7 @@ type Service struct {
 	now         func() time.Time
 	degraded    [numFailureModes]atomic.Uint64
 	failureLog  logLimiter
-	panics      atomic.Uint64 // handler panics recovered; see Panics
+	recovery    *wire.Recovery // counts handler panics; see Panics
 
 	observer        Observer
 	reporter        ReportObserver // observer, when it is one
@@ -152,6 +158,9 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Recovery == nil {
+		opts.Recovery = wire.NewRecovery(opts.Logger)
 	}
 	if opts.FailureMode == "" {
 		opts.FailureMode = config.FailOpen
@@ -193,6 +202,7 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		localShare:  opts.LocalShare,
 		now:         opts.Now,
 		failureLog:  logLimiter{every: failureLogInterval},
+		recovery:    opts.Recovery,
 
 		observer:        opts.Observer,
 		nearLimitRatio:  opts.NearLimitRatio,
@@ -246,24 +256,27 @@ func (s *Service) API() ratelimitdv1.RateLimiterServer { return ownAPI{s: s} }
 // (Options.EnableReset).
 func (s *Service) ResetEnabled() bool { return s.enableReset }
 
-// UnaryInterceptor recovers panics in unary handlers; see [RecoverUnary].
+// UnaryInterceptor recovers panics in unary handlers with
+// Options.Recovery; see [wire.RecoverUnary].
 func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
-	return RecoverUnary(s.log, &s.panics)
+	return s.recovery.UnaryInterceptor()
 }
 
-// StreamInterceptor recovers panics in streaming handlers; see
-// [RecoverStream].
+// StreamInterceptor recovers panics in streaming handlers with
+// Options.Recovery; see [wire.RecoverStream].
 func (s *Service) StreamInterceptor() grpc.StreamServerInterceptor {
-	return RecoverStream(s.log, &s.panics)
+	return s.recovery.StreamInterceptor()
 }
 
-// WrapHTTP recovers panics in h; see [RecoverHTTP].
+// WrapHTTP recovers panics in h with Options.Recovery; see
+// [wire.RecoverHTTP].
 func (s *Service) WrapHTTP(h http.Handler) http.Handler {
-	return RecoverHTTP(s.log, &s.panics, h)
+	return s.recovery.WrapHTTP(h)
 }
 
-// Panics returns how many handler panics were recovered.
-func (s *Service) Panics() uint64 { return s.panics.Load() }
+// Panics returns how many handler panics Options.Recovery recovered: the
+// service's, and those of every other server it recovers for.
+func (s *Service) Panics() uint64 { return s.recovery.Panics() }
 
 // SetAwaitingRules, while set, has the health checks report not serving
 // (gRPC NOT_SERVING, GET /healthcheck 503 "waiting for rules"), although

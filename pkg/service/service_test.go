@@ -30,6 +30,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // start is a whole minute, 2023-11-14T22:14:00Z, so windows of a minute or
@@ -124,9 +125,9 @@ func newFixtureOpts(t testing.TB, rules string, be algo.Backend, clk *testClock,
 		t.Fatal(err)
 	}
 	lis := bufconn.Listen(1 << 20)
-	// As serve makes its server: requests decoded by DecodeOptions,
-	// handler panics answered, not fatal.
-	serverOpts := append(DecodeOptions(), grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()))
+	// As serve makes its server: requests decoded by wire.DecodeOptions
+	// with this service's Tolerance, handler panics answered, not fatal.
+	serverOpts := append(wire.DecodeOptions(Tolerance()), grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()))
 	gs := grpc.NewServer(serverOpts...)
 	svc.RegisterGRPC(gs)
 	go gs.Serve(lis)
@@ -833,23 +834,29 @@ func TestResponseUnitsMatchOverrideUnits(t *testing.T) {
 	}
 }
 
-// TestEveryRuleAlgorithmIsImplemented checks that the algorithms rule files
-// may name and the algorithms package algo implements are the same set,
-// under the same names.
+// TestEveryRuleAlgorithmIsImplemented checks that every algorithm a rule
+// file may name reaches its implementation: a rule naming it decides
+// under that algorithm, which admits a first hit and refuses one past the
+// limit.
 func TestEveryRuleAlgorithmIsImplemented(t *testing.T) {
-	implemented := map[algo.Algorithm]bool{}
 	for _, a := range algo.Algorithms() {
-		implemented[a] = true
-	}
-	for _, a := range config.Algorithms() {
-		impl := algorithm(a)
-		if !implemented[impl] || impl.String() != a.String() || impl.UsesBurst() != a.UsesBurst() {
-			t.Errorf("rule algorithm %v maps to %v (burst %v), want the implementation of the same name", a, impl, impl.UsesBurst())
+		src := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 1, unit: minute, algorithm: " + a.String() + "}\n"
+		rules, err := config.Parse(config.File{Name: "r.yaml", Data: []byte(src)})
+		if err != nil {
+			t.Fatalf("%v: %v", a, err)
 		}
-		delete(implemented, impl)
-	}
-	for a := range implemented {
-		t.Errorf("algorithm %v is implemented but no rule file can name it", a)
+		l := ruleLimit(&rules.Domain("d").Rules()[0].Limits[0])
+		if l.Algorithm != a {
+			t.Errorf("a rule naming %v decides under %v", a, l.Algorithm)
+		}
+		var s algo.State
+		now := time.Unix(1_700_000_000, 0)
+		if d := algo.Step(&s, now, l, 1); !d.Allowed {
+			t.Errorf("%v refuses the first hit of a fresh limit: %+v", a, d)
+		}
+		if d := algo.Step(&s, now, l, 1); d.Allowed {
+			t.Errorf("%v admits a second hit of a limit of 1: %+v", a, d)
+		}
 	}
 }
 

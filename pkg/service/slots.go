@@ -195,7 +195,7 @@ func (s *Service) observeSlots(domain, rule string, q *algo.Request, d *algo.Dec
 func (s *Service) acquire(ctx context.Context, req *ratelimitdv1.AcquireRequest) (*ratelimitdv1.AcquireResponse, error) {
 	rls := toRLS(req.GetDomain(), req.GetDescriptors(), req.GetHits())
 	if err := s.bounds.check(rls); err != nil {
-		return nil, err.status()
+		return nil, err.Status()
 	}
 	dom := s.rules.Load().Domain(rls.Domain)
 	if dom == nil {

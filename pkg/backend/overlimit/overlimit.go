@@ -195,7 +195,7 @@ func (c *Cache) answer(now int64, reqs []algo.Request, out []algo.Decision) bool
 	for i := range reqs {
 		r := &reqs[i]
 		e, ok := c.m[string(r.Key)]
-		if !ok || r.Op != algo.OpDecide || r.Count && !fullUntilAdmissible(r.Limit.Algorithm) {
+		if !ok || r.Op != algo.OpDecide || r.Count && !r.Limit.Algorithm.FullUntilAdmissible() {
 			return false
 		}
 		if now >= e.admissible {
@@ -213,16 +213,6 @@ func (c *Cache) answer(now int64, reqs []algo.Request, out []algo.Decision) bool
 		}
 	}
 	return true
-}
-
-// fullUntilAdmissible reports whether a refusal of algorithm a leaves the
-// limit refusing whatever more is counted until the refusal's admissible
-// instant: a window's count past N is forgotten when the window ends, the
-// instant its refusals name. Other algorithms carry what is counted past
-// their limit further (a debt, a count that weighs on the next window),
-// so a request that counts them must reach the store.
-func fullUntilAdmissible(a algo.Algorithm) bool {
-	return a == algo.FixedWindow || a == algo.BurstFill
 }
 
 // learn updates the cache from the inner backend's decisions out for reqs,

@@ -1,4 +1,4 @@
-package service
+package wire
 
 import (
 	"bytes"
@@ -75,7 +75,7 @@ func checkPanicLogAt(t *testing.T, log, top string, attrs ...string) {
 		}
 	}
 	_, stack, _ := strings.Cut(log, "stack=")
-	if !strings.HasPrefix(stack, `"github.com/ratelimitd/ratelimitd/pkg/service.`+top+"(") {
+	if !strings.HasPrefix(stack, `"github.com/ratelimitd/ratelimitd/pkg/wire.`+top+"(") {
 		t.Errorf("the stack does not start at %s, the function that panicked:\n%s", top, stack)
 	}
 }
@@ -309,5 +309,56 @@ func TestRecoverHTTPServer(t *testing.T) {
 	}
 	if panics.Load() != 1 {
 		t.Errorf("%d panics counted, want 1", panics.Load())
+	}
+}
+
+// TestRecoveryCountsEveryServer: one Recovery shared by a gRPC server (a
+// unary and a streaming call) and an HTTP handler counts the panics of all
+// three, as ratelimitd_panics_total does for every server of the process.
+func TestRecoveryCountsEveryServer(t *testing.T) {
+	buf, log := newLogBuffer()
+	r := NewRecovery(log)
+	opts := r.ServerOptions()
+	if len(opts) != 2 {
+		t.Fatalf("%d server options, want a unary and a stream interceptor", len(opts))
+	}
+	gs := grpc.NewServer(opts...)
+	rlsv3.RegisterRateLimitServiceServer(gs, panickyRLS{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "boom"})
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("panicking unary call: %v, want Internal", err)
+	}
+
+	err = r.StreamInterceptor()(nil, fakeStream{}, &grpc.StreamServerInfo{FullMethod: "/s/Watch"}, func(any, grpc.ServerStream) error {
+		panicInHandler("stream")
+		return nil
+	})
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("panicking stream: %v, want Internal", err)
+	}
+
+	rec := httptest.NewRecorder()
+	r.WrapHTTP(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panicInHandler("http") })).
+		ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/boom", nil))
+	if rec.Code != http.StatusInternalServerError {
+		t.Fatalf("panicking HTTP handler: %d, want 500", rec.Code)
+	}
+
+	if n := r.Panics(); n != 3 {
+		t.Errorf("%d panics counted, want 3", n)
+	}
+	if n := strings.Count(buf.String(), "level=ERROR"); n != 3 {
+		t.Errorf("%d error lines logged, want 3:\n%s", n, buf)
 	}
 }

@@ -1,4 +1,4 @@
-package service
+package wire
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ const (
 // Install it first in the chain, so it also covers the interceptors after
 // it:
 //
-//	grpc.NewServer(grpc.ChainUnaryInterceptor(service.RecoverUnary(log, &panics), ...))
+//	grpc.NewServer(grpc.ChainUnaryInterceptor(wire.RecoverUnary(log, &panics), ...))
 func RecoverUnary(log *slog.Logger, panics *atomic.Uint64) grpc.UnaryServerInterceptor {
 	rec := newRecoverer(log, panics)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
@@ -111,6 +111,50 @@ func RecoverHTTP(log *slog.Logger, panics *atomic.Uint64, next http.Handler) htt
 		next.ServeHTTP(cw, r)
 	})
 }
+
+// Recovery is the panic recovery of a process: one logger and one count
+// of the panics recovered, shared by every server it wraps, so that the
+// count covers them all. Create it with [NewRecovery]; it is safe for
+// concurrent use.
+type Recovery struct {
+	log    *slog.Logger
+	panics atomic.Uint64
+}
+
+// NewRecovery returns a Recovery logging to log; a nil log logs to
+// [slog.Default].
+func NewRecovery(log *slog.Logger) *Recovery {
+	return &Recovery{log: log}
+}
+
+// ServerOptions returns the gRPC server options that recover panics in
+// unary and streaming handlers ([RecoverUnary], [RecoverStream]). The
+// interceptors they chain run after those chained before them.
+func (r *Recovery) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(r.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(r.StreamInterceptor()),
+	}
+}
+
+// UnaryInterceptor recovers panics in unary handlers; see [RecoverUnary].
+func (r *Recovery) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return RecoverUnary(r.log, &r.panics)
+}
+
+// StreamInterceptor recovers panics in streaming handlers; see
+// [RecoverStream].
+func (r *Recovery) StreamInterceptor() grpc.StreamServerInterceptor {
+	return RecoverStream(r.log, &r.panics)
+}
+
+// WrapHTTP recovers panics in h; see [RecoverHTTP].
+func (r *Recovery) WrapHTTP(h http.Handler) http.Handler {
+	return RecoverHTTP(r.log, &r.panics, h)
+}
+
+// Panics returns how many panics were recovered.
+func (r *Recovery) Panics() uint64 { return r.panics.Load() }
 
 // recoverer reports recovered panics.
 type recoverer struct {

@@ -1,88 +1,6 @@
 package config
 
-import (
-	"fmt"
-	"strings"
-)
-
-// Algorithm is the value of a rule's rate_limit.algorithm: the algorithms a
-// rule file may name. Package algo implements them; the service maps each
-// one to its implementation. The zero value is FixedWindow, the default.
-type Algorithm uint8
-
-// Algorithms, as rule files name them, in the order of algo.Algorithms.
-const (
-	FixedWindow          Algorithm = iota // "fixed_window"
-	SlidingWindowLog                      // "sliding_window_log"
-	SlidingWindowCounter                  // "sliding_window_counter"
-	TokenBucket                           // "token_bucket"
-	LeakyBucket                           // "leaky_bucket"
-	GCRA                                  // "gcra"
-	BurstFill                             // "burst_fill"
-)
-
-// Algorithms returns every algorithm a rule file may name, in a stable
-// order.
-func Algorithms() []Algorithm {
-	return []Algorithm{FixedWindow, SlidingWindowLog, SlidingWindowCounter, TokenBucket, LeakyBucket, GCRA, BurstFill}
-}
-
-// String returns the algorithm's rule-file name.
-func (a Algorithm) String() string {
-	switch a {
-	case FixedWindow:
-		return "fixed_window"
-	case SlidingWindowLog:
-		return "sliding_window_log"
-	case SlidingWindowCounter:
-		return "sliding_window_counter"
-	case TokenBucket:
-		return "token_bucket"
-	case LeakyBucket:
-		return "leaky_bucket"
-	case GCRA:
-		return "gcra"
-	case BurstFill:
-		return "burst_fill"
-	}
-	return fmt.Sprintf("algorithm(%d)", uint8(a))
-}
-
-// UsesBurst reports whether the algorithm takes rate_limit.burst, a bucket
-// capacity: the bucket algorithms token_bucket, leaky_bucket and gcra do,
-// the window algorithms do not.
-func (a Algorithm) UsesBurst() bool {
-	switch a {
-	case TokenBucket, LeakyBucket, GCRA:
-		return true
-	}
-	return false
-}
-
-// Leasable reports whether the algorithm's budget is fungible, so that
-// rate_limit.consistency: leased may hand slices of it to replicas:
-// fixed_window, sliding_window_counter, token_bucket and gcra.
-func (a Algorithm) Leasable() bool {
-	switch a {
-	case FixedWindow, SlidingWindowCounter, TokenBucket, GCRA:
-		return true
-	}
-	return false
-}
-
-// unleasableWhy says why an algorithm that is not Leasable cannot be
-// leased, completing "<algorithm> ...".
-func unleasableWhy(a Algorithm) string {
-	switch a {
-	case SlidingWindowLog:
-		return "ties each admitted hit to its own instant"
-	case LeakyBucket:
-		return "gives each admitted hit its place in one queue"
-	case BurstFill:
-		return "starts its window at the first request, which one replica cannot know of another"
-	}
-	return "is not leasable"
-}
+import "fmt"
 
 // Consistency is a limit's rate_limit.consistency: where its decisions
 // are made. The zero value is Exact, the default.
@@ -250,17 +168,4 @@ func ParsePartition(s string) (Partition, error) {
 		return ExactLocal, nil
 	}
 	return 0, fmt.Errorf("unknown on_partition %q; accepted: share, exact-local", s)
-}
-
-// ParseAlgorithm returns the algorithm named s. Names are case-sensitive,
-// like every other rule-file keyword.
-func ParseAlgorithm(s string) (Algorithm, error) {
-	var names []string
-	for _, a := range Algorithms() {
-		if a.String() == s {
-			return a, nil
-		}
-		names = append(names, a.String())
-	}
-	return 0, fmt.Errorf("unknown algorithm %q; accepted: %s", s, strings.Join(names, ", "))
 }

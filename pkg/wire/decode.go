@@ -1,4 +1,4 @@
-package service
+package wire
 
 import (
 	"context"
@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
-	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	encproto "google.golang.org/grpc/encoding/proto"
@@ -26,41 +24,67 @@ import (
 )
 
 // DecodeOptions returns the gRPC server options under which requests are
-// decoded as ratelimitd answers them; give them to every gRPC server that
-// serves ratelimitd's services, before any other interceptor:
+// decoded as ratelimitd answers them; give them to every gRPC server of
+// ratelimitd, before any other interceptor, with the message types its
+// protocols decode tolerantly:
 //
-//   - Envoy's RateLimitRequest whose strings are not UTF-8 is decoded as
-//     it came, each string holding the bytes sent, and decided: a
-//     descriptor's key and value are opaque keys. Envoy copies header
-//     values into descriptors byte for byte (RequestHeadersAction::
-//     populateDescriptor, source/common/router/router_ratelimit.cc) and
-//     sends them unchecked (GrpcClientImpl::createRequest,
-//     source/extensions/filters/common/ratelimit/ratelimit_impl.cc); an
-//     HTTP/1 header may carry any byte from 0x80 (obs-text). A call that
-//     failed instead would be admitted by Envoy's default
-//     failure_mode_deny: false (Filter::complete,
-//     source/extensions/filters/http/ratelimit/ratelimit.cc): a bypass of
-//     every limit keyed on a header.
-//   - Envoy's RLQS usage report whose strings are not UTF-8 is decoded as
-//     it came too, for the RLQS server to answer the buckets it can (a
-//     bucket id is built from headers as a descriptor is:
-//     docs/rlqs.md); ending the stream would leave every bucket of that
-//     Envoy unassigned.
+//   - A request of a type tolerate names, whose strings are not UTF-8, is
+//     decoded as it came, each string holding the bytes sent, when its
+//     [Tolerance] accepts it: the protocol's package says which of its
+//     requests are keyed on bytes a proxy copies from headers, and why
+//     (service.Tolerance for Envoy's RLS, rlqs.Tolerance for RLQS).
 //   - Any other request that does not decode (a string that is not UTF-8
-//     in ratelimitd's own API or a region push; a truncated message; a
-//     malformed tag or varint) is answered InvalidArgument, its message and
-//     BadRequest detail naming the field, where grpc-go alone answers
-//     Internal for every request its codec refuses.
+//     in a type not named, or one its Tolerance does not accept; a
+//     truncated message; a malformed tag or varint) is answered
+//     InvalidArgument, its message and BadRequest detail naming the field
+//     ([BadRequest]), where grpc-go alone answers Internal for every
+//     request its codec refuses.
 //
 // Valid requests decode exactly as with grpc-go's own codec, at the same
 // cost.
-func DecodeOptions() []grpc.ServerOption {
-	d := newDecoder()
+func DecodeOptions(tolerate ...Tolerance) []grpc.ServerOption {
+	d := newDecoder(tolerate...)
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(d),
 		grpc.ChainUnaryInterceptor(d.unary),
 		grpc.ChainStreamInterceptor(d.stream),
 	}
+}
+
+// Tolerance is a message type decoded whatever bytes its strings hold, as
+// a protocol asks of [DecodeOptions]. Make one with [Tolerate].
+type Tolerance struct {
+	name   protoreflect.FullName // of the message type
+	mirror *lenient
+	accept func(proto.Message) bool // nil: every message
+}
+
+// Tolerate returns the Tolerance of M, a generated message type (a
+// pointer): a request of type M whose strings are not UTF-8 is decoded as
+// it came, then handed to accept, when not nil, which may still refuse it
+// (false: refused as any request that does not decode, naming the first
+// field that is not UTF-8).
+//
+// It panics when M cannot be decoded so (not proto3): its descriptor is
+// compiled in, so the tests of the package that asks catch it.
+func Tolerate[M proto.Message](accept func(M) bool) Tolerance {
+	var m M
+	md := m.ProtoReflect().Descriptor()
+	mirror, err := newLenient(md)
+	if err != nil {
+		panic(err)
+	}
+	t := Tolerance{name: md.FullName(), mirror: mirror}
+	if accept != nil {
+		t.accept = func(m proto.Message) bool { return accept(m.(M)) }
+	}
+	return t
+}
+
+// decode decodes b, which protobuf refused, into m, m's strings taking
+// the bytes sent, and reports whether m is accepted so.
+func (t *Tolerance) decode(b []byte, m proto.Message) bool {
+	return t.mirror.decode(b, m) == nil && (t.accept == nil || t.accept(m))
 }
 
 // decoder is the server codec of DecodeOptions. grpc-go turns any error
@@ -69,27 +93,17 @@ func DecodeOptions() []grpc.ServerOption {
 // what was wrong under the message's address, and the interceptors, which
 // receive the same message once decoded, answer with the note.
 type decoder struct {
-	proto encoding.CodecV2 // grpc-go's, for answers
-	rls   *lenient         // Envoy's RateLimitRequest with strings as bytes
-	rlqs  *lenient         // Envoy's RLQS RateLimitQuotaUsageReports, likewise
-	// failed holds, by message (a pointer), the *badRequest of a message
+	proto    encoding.CodecV2 // grpc-go's, for answers
+	tolerate []Tolerance
+	// failed holds, by message (a pointer), the *BadRequest of a message
 	// Unmarshal refused, until the interceptor that receives it takes it;
 	// pending counts them, so that calls skip the map while it is empty.
 	failed  sync.Map
 	pending atomic.Int64
 }
 
-func newDecoder() *decoder {
-	rls, err := newLenient((*rlsv3.RateLimitRequest)(nil).ProtoReflect().Descriptor())
-	if err == nil {
-		var rlqs *lenient
-		if rlqs, err = newLenient((*rlqsv3.RateLimitQuotaUsageReports)(nil).ProtoReflect().Descriptor()); err == nil {
-			return &decoder{proto: encoding.GetCodecV2(encproto.Name), rls: rls, rlqs: rlqs}
-		}
-	}
-	// The descriptors are compiled in: a failure is a bug, caught by the
-	// package's tests.
-	panic(err)
+func newDecoder(tolerate ...Tolerance) *decoder {
+	return &decoder{proto: encoding.GetCodecV2(encproto.Name), tolerate: tolerate}
 }
 
 // Name is the content subtype the codec serves: grpc-go's default.
@@ -103,7 +117,7 @@ func (d *decoder) Marshal(v any) (mem.BufferSlice, error) { return d.proto.Marsh
 func (d *decoder) Unmarshal(data mem.BufferSlice, v any) error {
 	m, ok := v.(proto.Message)
 	if !ok {
-		return fmt.Errorf("service: cannot decode into %T: not a protobuf message", v)
+		return fmt.Errorf("wire: cannot decode into %T: not a protobuf message", v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
@@ -113,18 +127,23 @@ func (d *decoder) Unmarshal(data mem.BufferSlice, v any) error {
 		return nil
 	}
 	proto.Reset(m) // no handler sees half a message
-	if req, ok := m.(*rlsv3.RateLimitRequest); ok && d.rls.decode(b, req) == nil {
-		return nil
-	}
-	// An RLQS report's bucket ids may hold any bytes (the RLQS server
-	// leaves those buckets unanswered); its domain comes from Envoy's
-	// config, and one that is not UTF-8 is refused like any other string.
-	if rep, ok := m.(*rlqsv3.RateLimitQuotaUsageReports); ok && d.rlqs.decode(b, rep) == nil && utf8.ValidString(rep.GetDomain()) {
+	md := m.ProtoReflect().Descriptor()
+	if t := d.tolerance(md.FullName()); t != nil && t.decode(b, m) {
 		return nil
 	}
 	proto.Reset(m)
-	d.failed.Store(v, decodeProblem(b, m.ProtoReflect().Descriptor(), err))
+	d.failed.Store(v, decodeProblem(b, md, err))
 	d.pending.Add(1)
+	return nil
+}
+
+// tolerance returns the Tolerance of the message type name; nil when none.
+func (d *decoder) tolerance(name protoreflect.FullName) *Tolerance {
+	for i := range d.tolerate {
+		if d.tolerate[i].name == name {
+			return &d.tolerate[i]
+		}
+	}
 	return nil
 }
 
@@ -139,7 +158,7 @@ func (d *decoder) take(m any) error {
 		return nil
 	}
 	d.pending.Add(-1)
-	return bad.(*badRequest).status()
+	return bad.(*BadRequest).Status()
 }
 
 func (d *decoder) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -201,7 +220,7 @@ func newLenient(md protoreflect.MessageDescriptor) (*lenient, error) {
 	for i := 0; i < len(queue); i++ {
 		m := queue[i]
 		if m.Syntax() != protoreflect.Proto3 {
-			return nil, fmt.Errorf("service: %s is not proto3: its mirror would not decode alike", m.FullName())
+			return nil, fmt.Errorf("wire: %s is not proto3: its mirror would not decode alike", m.FullName())
 		}
 		msg := &descriptorpb.DescriptorProto{Name: proto.String(names[m.FullName()])}
 		for j := range m.Oneofs().Len() {
@@ -222,7 +241,7 @@ func newLenient(md protoreflect.MessageDescriptor) (*lenient, error) {
 				fp.TypeName = proto.String("." + lenientPackage + "." + mirror(f.Message()))
 			default:
 				if f.Message() != nil || f.Enum() != nil {
-					return nil, fmt.Errorf("service: field %s of kind %s cannot be mirrored", f.FullName(), f.Kind())
+					return nil, fmt.Errorf("wire: field %s of kind %s cannot be mirrored", f.FullName(), f.Kind())
 				}
 			}
 			msg.Field = append(msg.Field, fp)
@@ -231,7 +250,7 @@ func newLenient(md protoreflect.MessageDescriptor) (*lenient, error) {
 	}
 	fd, err := protodesc.NewFile(file, new(protoregistry.Files))
 	if err != nil {
-		return nil, fmt.Errorf("service: mirror of %s: %w", md.FullName(), err)
+		return nil, fmt.Errorf("wire: mirror of %s: %w", md.FullName(), err)
 	}
 	return &lenient{typ: dynamicpb.NewMessageType(fd.Messages().ByName(protoreflect.Name(names[md.FullName()])))}, nil
 }
@@ -304,13 +323,13 @@ func fromMirror(f protoreflect.FieldDescriptor, v protoreflect.Value) protorefle
 
 // decodeProblem says what in b, the wire form of a message of type md,
 // protobuf refused (err): the field, and what is wrong with it.
-func decodeProblem(b []byte, md protoreflect.MessageDescriptor, err error) *badRequest {
+func decodeProblem(b []byte, md protoreflect.MessageDescriptor, err error) *BadRequest {
 	if field, msg, found := findProblem(b, md, "", 0); found {
-		return &badRequest{field: field, msg: msg}
+		return &BadRequest{field: field, msg: msg}
 	}
 	// Not found by the walk (protobuf refuses something it does not
 	// know of): protobuf's own words.
-	return &badRequest{msg: fmt.Sprintf("the request is not a %s: %v", md.FullName(), err)}
+	return Bad("", "the request is not a %s: %v", md.FullName(), err)
 }
 
 // findProblem walks b, a message of type md at path, as protobuf decodes
