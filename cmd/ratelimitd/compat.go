@@ -594,7 +594,7 @@ func referenceRedisURL(socketType, redisType, addrs, auth string, useTLS bool) (
 
 // commandLineFlags returns the names of the serve flags args set.
 func commandLineFlags(args []string) map[string]bool {
-	fs := newServeFlags(&serveConfig{})
+	fs := newServeConfig().flags
 	fs.SetOutput(io.Discard)
 	set := map[string]bool{}
 	if fs.Parse(args) == nil {

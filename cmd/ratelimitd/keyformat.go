@@ -20,26 +20,26 @@ const (
 )
 
 // validateKeyFormat checks -redis-key-format and -redis-expiration-jitter.
-func (c *serveConfig) validateKeyFormat() error {
-	if c.redisKeyFormat != keyFormatNative && c.redisKeyFormat != keyFormatReference {
-		return fmt.Errorf("invalid %s %q; accepted: native, reference", c.source("redis-key-format"), c.redisKeyFormat)
+func (c *redisConfig) checkKeyFormat(flagName func(string) string) error {
+	if c.keyFormat != keyFormatNative && c.keyFormat != keyFormatReference {
+		return fmt.Errorf("invalid %s %q; accepted: native, reference", flagName("redis-key-format"), c.keyFormat)
 	}
-	if c.redisJitter < 0 || c.redisJitter%time.Second != 0 {
-		return fmt.Errorf("invalid %s %v; it must be whole seconds, not negative (0 adds none)", c.source("redis-expiration-jitter"), c.redisJitter)
+	if c.jitter < 0 || c.jitter%time.Second != 0 {
+		return fmt.Errorf("invalid %s %v; it must be whole seconds, not negative (0 adds none)", flagName("redis-expiration-jitter"), c.jitter)
 	}
 	return nil
 }
 
 // referenceKeys reports whether counters are kept in the reference layout:
 // only on Redis, the store reference pods can share.
-func (c *serveConfig) referenceKeys() bool {
-	return c.backend == "redis" && c.redisKeyFormat == keyFormatReference
+func (b *backendStore) referenceKeys() bool {
+	return b.backend == "redis" && b.redis.keyFormat == keyFormatReference
 }
 
 // logKeyFormat says at start-up, in the reference layout, what it costs,
 // how to leave it, and which rules keep native keys all the same.
-func logKeyFormat(c *serveConfig, rules *config.Rules, log *slog.Logger) {
-	if !c.referenceKeys() {
+func (b *backendStore) logKeyFormat(rules *config.Rules, log *slog.Logger) {
+	if !b.referenceKeys() {
 		return
 	}
 	log.Warn("redis key format reference: fixed-window counters are kept in envoyproxy/ratelimit's layout, "+
@@ -48,7 +48,7 @@ func logKeyFormat(c *serveConfig, rules *config.Rules, log *slog.Logger) {
 		"descriptors whose keys or values contain \"_\" can share one counter, such as (a, b_c) and (a_b, c). "+
 		"Once no reference pod is left, restart every replica with -redis-key-format native "+
 		"(collision-free keys; fixed-window counts start afresh once)",
-		"prefix", c.redisPrefix, "expiration_jitter", c.redisJitter.String())
+		"prefix", b.redis.prefix, "expiration_jitter", b.redis.jitter.String())
 	var native []string
 	for _, d := range rules.Domains() {
 		for _, r := range d.Rules() {

@@ -39,8 +39,8 @@ func TestKeyFormatFlags(t *testing.T) {
 		{"redis", "native", false},
 		{"memory", "reference", false}, // no reference pod shares a process's memory
 	} {
-		cfg := &serveConfig{backend: c.backend, redisKeyFormat: c.format}
-		if got := cfg.referenceKeys(); got != c.want {
+		b := &backendStore{backend: c.backend, redis: redisConfig{keyFormat: c.format}}
+		if got := b.referenceKeys(); got != c.want {
 			t.Errorf("%s, %s: reference keys %v, want %v", c.backend, c.format, got, c.want)
 		}
 	}

@@ -85,7 +85,7 @@ RATELIMITD_GRPC_ADDR for -grpc-addr; a flag on the command line wins.
 
 Flags of serve:
 `)
-	fs := newServeFlags(&serveConfig{})
+	fs := newServeConfig().flags
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 }

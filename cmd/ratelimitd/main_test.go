@@ -56,9 +56,8 @@ func TestCheckConfig(t *testing.T) {
 }
 
 func TestFlagsFromEnvironment(t *testing.T) {
-	var c serveConfig
-	fs := newServeFlags(&c)
-	fromEnv, err := parseFlags(fs, []string{"-grpc-addr", "127.0.0.1:1"}, env{
+	c := newServeConfig()
+	fromEnv, err := parseFlags(c.flags, []string{"-grpc-addr", "127.0.0.1:1"}, env{
 		"RATELIMITD_GRPC_ADDR":        "127.0.0.1:2", // the command line wins
 		"RATELIMITD_HTTP_ADDR":        "127.0.0.1:3",
 		"RATELIMITD_MEMORY_MAX_KEYS":  "42",
@@ -67,8 +66,14 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.grpcAddr != "127.0.0.1:1" || c.httpAddr != "127.0.0.1:3" || c.memoryMaxKeys != 42 || c.shutdownTimeout != 3*time.Second {
-		t.Fatalf("parsed %+v", c)
+	var memoryMaxKeys int
+	for _, comp := range c.components {
+		if b, ok := comp.(*backendStore); ok {
+			memoryMaxKeys = b.memoryMaxKeys
+		}
+	}
+	if c.serving.grpcAddr != "127.0.0.1:1" || c.serving.httpAddr != "127.0.0.1:3" || memoryMaxKeys != 42 || c.serving.shutdownTimeout != 3*time.Second {
+		t.Fatalf("parsed %+v, -memory-max-keys %d", c.serving, memoryMaxKeys)
 	}
 	if fromEnv["http-addr"] != "RATELIMITD_HTTP_ADDR" || fromEnv["grpc-addr"] != "" {
 		t.Fatalf("fromEnv = %v", fromEnv)

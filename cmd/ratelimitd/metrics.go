@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"flag"
 	"net/http"
 	"time"
 
@@ -12,12 +14,41 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/backend/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/overlimit"
+	"github.com/ratelimitd/ratelimitd/pkg/metrics"
 	"github.com/ratelimitd/ratelimitd/pkg/reload"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // metricsNamespace starts the name of every ratelimitd metric.
 const metricsNamespace = "ratelimitd"
+
+// ownMetrics is the component of ratelimitd's own metrics of decisions,
+// per domain and rule (pkg/metrics): an observer of the service. GET
+// /metrics serves them with every component's and the Go runtime's.
+type ownMetrics struct {
+	maxDetailedSeries int
+}
+
+func (m *ownMetrics) addFlags(fs *flag.FlagSet) {
+	fs.IntVar(&m.maxDetailedSeries, "metrics-max-detailed-series", metrics.DefaultMaxDetailedSeries, "most metric series that name descriptor values (rules with detailed_metric or value_to_metric); beyond it decisions count under the rule")
+}
+
+func (m *ownMetrics) check(func(string) string) error { return nil }
+
+func (m *ownMetrics) build(_ context.Context, s *server) (hooks, error) {
+	mets, err := metrics.New(s.reg, metrics.Options{Logger: s.log, MaxDetailedSeries: m.maxDetailedSeries})
+	if err != nil {
+		return hooks{}, err
+	}
+	mets.Rules(s.source.initial)
+	s.observers = append(s.observers, mets)
+	return hooks{
+		rules: mets.Rules,
+		http: func(mux *http.ServeMux) {
+			mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+		},
+	}, nil
+}
 
 // newRegistry returns the registry GET /metrics serves, holding the Go
 // runtime's and the process's metrics.
@@ -171,12 +202,4 @@ func registerReload(reg prometheus.Registerer, w *reload.Watcher) {
 			return 0
 		}),
 	)
-}
-
-// withMetrics serves GET /metrics from reg beside the service's endpoints.
-func withMetrics(service http.Handler, reg *prometheus.Registry) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.Handle("/", service)
-	return mux
 }

@@ -2,21 +2,18 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/metrics/refstats"
-	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
 
 // refStatsConfig configures envoyproxy/ratelimit's statistics: statsd
@@ -92,9 +89,16 @@ func parseTags(s string) (map[string]string, error) {
 	return tags, nil
 }
 
-// refStats is the running reference statistics; the zero value (off)
-// does nothing.
-type refStats struct {
+// referenceStats is the component that emits envoyproxy/ratelimit's
+// statistics (-statsd-*, -reference-metrics-*): an observer of every
+// decision, a gRPC interceptor counting calls, and the reference's
+// Prometheus endpoint on a listener of its own. Off by default.
+type referenceStats struct {
+	config refStatsConfig
+	// nearLimitRatio is the RLS front end's -near-limit-ratio, which
+	// decides near_limit here too.
+	nearLimitRatio *float64
+
 	stats  *refstats.Stats
 	statsd *refstats.StatsdSink
 	prom   *refstats.PrometheusSink
@@ -102,116 +106,109 @@ type refStats struct {
 	done   sync.WaitGroup
 }
 
-// newRefStats builds the reference statistics c asks for, exporting how
-// many were dropped on reg, ratelimitd's own registry. Call close when
-// the servers have stopped.
-func newRefStats(c *serveConfig, log *slog.Logger, reg prometheus.Registerer) (*refStats, error) {
-	rc := &c.refStats
+func (r *referenceStats) addFlags(fs *flag.FlagSet) { addRefStatsFlags(fs, &r.config) }
+
+func (r *referenceStats) check(flagName func(string) string) error {
+	return r.config.validate(flagName)
+}
+
+// build starts the statistics the flags ask for, exporting how many were
+// dropped on s.reg, ratelimitd's own registry.
+func (r *referenceStats) build(_ context.Context, s *server) (hooks, error) {
+	rc := &r.config
 	if !rc.on() {
-		return &refStats{}, nil
+		return hooks{}, nil
 	}
-	tags, _ := parseTags(rc.tags) // validated
-	r := &refStats{}
-	var sinks []refstats.Sink
-	if rc.statsdAddr != "" {
-		s, err := refstats.NewStatsd(refstats.StatsdOptions{Addr: rc.statsdAddr, Tags: tags, DogStatsD: rc.dogStatsD, Logger: log})
-		if err != nil {
-			return nil, err
-		}
-		r.statsd = s
-		sinks = append(sinks, s)
-		reg.MustRegister(counter("statsd", "send_errors_total", "Datagrams of reference statistics that could not be sent to -statsd-addr.", nil, s.Errors))
+	sinks, err := r.sinks(s)
+	if err != nil {
+		return hooks{}, err
 	}
-	if rc.promAddr != "" {
-		mapping := ""
-		if rc.promMapping != "" {
-			m, err := refstats.ReadMapping(rc.promMapping)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", c.source("reference-metrics-mapping"), err)
-			}
-			mapping = m
-		}
-		p, err := refstats.NewPrometheus(refstats.PrometheusOptions{Registry: newRegistry(), Mapping: mapping, Tags: tags, Logger: log})
-		if err != nil {
-			if rc.promMapping != "" {
-				return nil, fmt.Errorf("%s %s: %w", c.source("reference-metrics-mapping"), rc.promMapping, err)
-			}
-			return nil, err
-		}
-		r.prom = p
-		sinks = append(sinks, p)
-	}
-	r.stats = refstats.New(refstats.Options{NearLimitRatio: c.nearLimitRatio, MaxKeys: rc.maxKeys, Sinks: sinks, Logger: log})
-	reg.MustRegister(
+	r.stats = refstats.New(refstats.Options{NearLimitRatio: *r.nearLimitRatio, MaxKeys: rc.maxKeys, Sinks: sinks, Logger: s.log})
+	s.reg.MustRegister(
 		counter("reference_stats", "dropped_total", "Decisions not counted in envoyproxy/ratelimit's statistics because -reference-stats-max-keys keys were already named.", nil, r.stats.Dropped),
 		gauge("reference_stats", "keys", "Rule, descriptor and domain keys envoyproxy/ratelimit's statistics name.", func() float64 { return float64(r.stats.Keys()) }),
 	)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	r.done.Add(1)
-	go func() {
-		defer r.done.Done()
-		r.stats.Run(ctx, rc.flushInterval)
-	}()
+	r.done.Go(func() { r.stats.Run(ctx, rc.flushInterval) })
 	attrs := []any{"flush_interval", rc.flushInterval}
 	if r.statsd != nil {
 		attrs = append(attrs, "statsd", rc.statsdAddr, "dogstatsd", rc.dogStatsD)
 	}
-	log.Info("envoyproxy/ratelimit statistics on", attrs...)
-	return r, nil
+	s.log.Info("envoyproxy/ratelimit statistics on", attrs...)
+	s.observers = append(s.observers, r.stats)
+	r.stats.ConfigLoaded(true) // the rules at start
+	return hooks{
+		grpcOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(r.stats.UnaryServerInterceptor())},
+		rules:       func(*config.Rules) { r.stats.ConfigLoaded(true) },
+		rejected:    func(error) { r.stats.ConfigLoaded(false) },
+		listeners:   func() []listener { return r.listeners(s) },
+		close:       r.close,
+	}, nil
 }
 
-// observer returns the service observer of the statistics, nil when off.
-func (r *refStats) observer() service.Observer {
-	if r.stats == nil {
-		return nil
+// sinks returns the sinks the flags ask for: statsd, the reference's
+// Prometheus endpoint, or both.
+func (r *referenceStats) sinks(s *server) ([]refstats.Sink, error) {
+	rc := &r.config
+	tags, _ := parseTags(rc.tags) // checked
+	var sinks []refstats.Sink
+	if rc.statsdAddr != "" {
+		st, err := refstats.NewStatsd(refstats.StatsdOptions{Addr: rc.statsdAddr, Tags: tags, DogStatsD: rc.dogStatsD, Logger: s.log})
+		if err != nil {
+			return nil, err
+		}
+		r.statsd = st
+		sinks = append(sinks, st)
+		s.reg.MustRegister(counter("statsd", "send_errors_total", "Datagrams of reference statistics that could not be sent to -statsd-addr.", nil, st.Errors))
 	}
-	return r.stats
+	if rc.promAddr != "" {
+		p, err := r.newPrometheus(s)
+		if err != nil {
+			return nil, err
+		}
+		r.prom = p
+		sinks = append(sinks, p)
+	}
+	return sinks, nil
 }
 
-// serverOptions returns the gRPC options that count and time calls.
-func (r *refStats) serverOptions() []grpc.ServerOption {
-	if r.stats == nil {
-		return nil
+// newPrometheus returns the sink of the reference's Prometheus endpoint,
+// mapped by -reference-metrics-mapping or the default mapping.
+func (r *referenceStats) newPrometheus(s *server) (*refstats.PrometheusSink, error) {
+	rc := &r.config
+	tags, _ := parseTags(rc.tags) // checked
+	mapping := ""
+	if rc.promMapping != "" {
+		m, err := refstats.ReadMapping(rc.promMapping)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.flagName("reference-metrics-mapping"), err)
+		}
+		mapping = m
 	}
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(r.stats.UnaryServerInterceptor())}
-}
-
-// configLoaded counts a rule set loaded or rejected.
-func (r *refStats) configLoaded(ok bool) {
-	if r.stats != nil {
-		r.stats.ConfigLoaded(ok)
-	}
-}
-
-// listen opens the reference's Prometheus endpoint, when on, and serves
-// it, reporting the end of serving to failed. It returns the server to
-// shut down, nil when off.
-func (r *refStats) listen(c *serveConfig, log *slog.Logger, failed chan<- error) (*http.Server, error) {
-	if r.prom == nil {
-		return nil, nil
-	}
-	lis, err := net.Listen("tcp", c.refStats.promAddr)
+	p, err := refstats.NewPrometheus(refstats.PrometheusOptions{Registry: newRegistry(), Mapping: mapping, Tags: tags, Logger: s.log})
 	if err != nil {
-		return nil, fmt.Errorf("reference metrics listener: %w", err)
+		if rc.promMapping != "" {
+			return nil, fmt.Errorf("%s %s: %w", s.flagName("reference-metrics-mapping"), rc.promMapping, err)
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// listeners serves the reference's Prometheus endpoint, when on.
+func (r *referenceStats) listeners(s *server) []listener {
+	if r.prom == nil {
+		return nil
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET "+c.refStats.promPath, r.prom.Handler())
-	hs := newHTTPServer(mux, log)
-	go func() {
-		if err := hs.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-			failed <- fmt.Errorf("reference metrics server: %w", err)
-		}
-	}()
-	log.Info("serving reference metrics", "addr", lis.Addr().String(), "path", c.refStats.promPath)
-	return hs, nil
+	mux.Handle("GET "+r.config.promPath, r.prom.Handler())
+	return []listener{httpListener("reference metrics", r.config.promAddr, newHTTPServer(mux, s.log), s.log,
+		logServing(s.log, "serving reference metrics", "path", r.config.promPath))}
 }
 
 // close stops flushing, after a last flush, and closes the sinks.
-func (r *refStats) close() {
-	if r.stats == nil {
-		return
-	}
+func (r *referenceStats) close() {
 	r.cancel()
 	r.done.Wait()
 	if r.statsd != nil {

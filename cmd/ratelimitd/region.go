@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
 	"slices"
 	"strings"
 	"time"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
+	"github.com/ratelimitd/ratelimitd/pkg/console"
 	"github.com/ratelimitd/ratelimitd/pkg/region"
 	"github.com/ratelimitd/ratelimitd/pkg/tlsconfig"
 	"github.com/ratelimitd/ratelimitd/pkg/wire"
@@ -126,8 +126,8 @@ func (c *regionConfig) validate(source func(string) string, grpcTLS tlsconfig.Fi
 // regionDial returns how a replica dials its peers: over mutual TLS with
 // the region's files (its certificate as the client's, the regions' CAs to
 // verify the peers' servers).
-func regionDial(c *serveConfig, log *slog.Logger) (func(string) (grpc.ClientConnInterface, error), error) {
-	cfg, err := tlsconfig.Peer(c.region.files, func(err error) { log.Warn("region sync: TLS files changed but could not be read", "error", err) })
+func regionDial(c *regionConfig, log *slog.Logger) (func(string) (grpc.ClientConnInterface, error), error) {
+	cfg, err := tlsconfig.Peer(c.files, func(err error) { log.Warn("region sync: TLS files changed but could not be read", "error", err) })
 	if err != nil {
 		return nil, fmt.Errorf("region peers: %w", err)
 	}
@@ -135,43 +135,40 @@ func regionDial(c *serveConfig, log *slog.Logger) (func(string) (grpc.ClientConn
 	// A link that comes back after a partition is dialed again within half
 	// an interval, not after gRPC's default backoff of up to two minutes:
 	// the regions' counts converge soon after a partition heals.
-	bo := backoff.Config{BaseDelay: max(c.region.interval/4, 10*time.Millisecond), Multiplier: 1.6, Jitter: 0.2, MaxDelay: max(c.region.interval/2, 20*time.Millisecond)}
-	params := grpc.ConnectParams{Backoff: bo, MinConnectTimeout: max(c.region.interval, time.Second)}
+	bo := backoff.Config{BaseDelay: max(c.interval/4, 10*time.Millisecond), Multiplier: 1.6, Jitter: 0.2, MaxDelay: max(c.interval/2, 20*time.Millisecond)}
+	params := grpc.ConnectParams{Backoff: bo, MinConnectTimeout: max(c.interval, time.Second)}
 	return func(addr string) (grpc.ClientConnInterface, error) {
 		return grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithConnectParams(params))
 	}, nil
 }
 
-// newRegion puts a region engine in front of inner, keeping the peers'
-// counts in store, when -region is set; it returns inner and nil without.
-func newRegion(c *serveConfig, inner algo.Backend, store region.Store, now func() time.Time, log *slog.Logger) (algo.Backend, *region.Engine, error) {
-	if c.region.name == "" {
-		return inner, nil, nil
-	}
+// newEngine puts a region engine in front of inner, keeping the peers'
+// counts in store.
+func (c *regionConfig) newEngine(inner algo.Backend, store region.Store, now func() time.Time, log *slog.Logger) (*region.Engine, error) {
 	opts := region.Options{
-		Region: c.region.name, Weight: c.region.weight, Peers: c.region.parsed, Interval: c.region.interval,
+		Region: c.name, Weight: c.weight, Peers: c.parsed, Interval: c.interval,
 		Store: store, Now: now, Logger: log,
 	}
-	if len(c.region.parsed) > 0 {
+	if len(c.parsed) > 0 {
 		var err error
 		if opts.Dial, err = regionDial(c, log); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		if opts.Authenticate, err = regionAuth(&c.region, log); err != nil {
-			return nil, nil, err
+		if opts.Authenticate, err = regionAuth(c, log); err != nil {
+			return nil, err
 		}
 	}
 	e, err := region.New(inner, opts)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	peers := make([]string, 0, len(c.region.parsed))
-	for _, p := range c.region.parsed {
+	peers := make([]string, 0, len(c.parsed))
+	for _, p := range c.parsed {
 		peers = append(peers, p.Name+"="+p.Addr)
 	}
-	log.Info("region: limits with scope: global are counted across the regions", "region", c.region.name, "peers", strings.Join(peers, ","),
-		"sync_interval", c.region.interval, "weight", c.region.weight, "peer_san", c.region.san)
-	return e, e, nil
+	log.Info("region: limits with scope: global are counted across the regions", "region", c.name, "peers", strings.Join(peers, ","),
+		"sync_interval", c.interval, "weight", c.weight, "peer_san", c.san)
+	return e, nil
 }
 
 // regionAuth returns how pushes are authenticated: by a client
@@ -199,30 +196,10 @@ func regionAuth(c *regionConfig, log *slog.Logger) (func(context.Context, string
 	return region.CertAuth{Roots: func() *x509.CertPool { return tlsconfig.ClientCAs(srv) }, SAN: c.san}.Authenticate, nil
 }
 
-// serveRegion serves region sync (e's ratelimitd.v1.RegionSync) alone on
-// addr, over cfg's mutual TLS, decoding requests as the gRPC port does and
-// recovering panics with its recovery; a failure of the server goes to
-// failed.
-func serveRegion(addr string, cfg *tls.Config, e *region.Engine, recovery *wire.Recovery, log *slog.Logger, failed chan<- error) (*grpc.Server, error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("region sync listener: %w", err)
-	}
-	// Region sync tolerates no string that is not UTF-8: its pushes are
-	// refused naming the field.
-	opts := append(wire.DecodeOptions(), recovery.ServerOptions()...)
-	opts = append(opts, grpc.Creds(credentials.NewTLS(cfg)))
-	gs := grpc.NewServer(opts...)
-	e.Register(gs)
-	go func() { failed <- fmt.Errorf("region sync server: %w", gs.Serve(lis)) }()
-	log.Info("serving region sync", "addr", lis.Addr().String(), "mtls", true)
-	return gs, nil
-}
-
 // warnGlobalAlone logs, when rules hold limits of scope: global and there
 // is no -region, that they are counted in this region alone.
-func warnGlobalAlone(c *serveConfig, rules *config.Rules, log *slog.Logger) {
-	if c.region.name != "" || rules == nil {
+func warnGlobalAlone(rules *config.Rules, log *slog.Logger) {
+	if rules == nil {
 		return
 	}
 	var ids []string
@@ -294,4 +271,97 @@ func (m regionMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(regionReceivedDesc, prometheus.CounterValue, float64(st.Received), "pushes")
 	ch <- prometheus.MustNewConstMetric(regionReceivedDesc, prometheus.CounterValue, float64(st.ReceivedCounts), "counts")
 	ch <- prometheus.MustNewConstMetric(regionReceivedDesc, prometheus.CounterValue, float64(st.Refused), "refused")
+}
+
+// regionSync is the component that counts limits of scope: global across
+// regions (-region): a layer of the backend stack, the region engine, in
+// front of the store, and the sync between regions, served on the gRPC
+// port or on a listener of its own (-region-addr).
+type regionSync struct {
+	config regionConfig
+	// grpcTLS are the gRPC listener's files, each -region-tls-* file's
+	// default.
+	grpcTLS *tlsconfig.Files
+
+	engine *region.Engine // nil without -region
+	tls    *tls.Config    // of -region-addr; nil without it
+}
+
+func (r *regionSync) addFlags(fs *flag.FlagSet) { addRegionFlags(fs, &r.config) }
+
+func (r *regionSync) check(flagName func(string) string) error {
+	return r.config.validate(flagName, *r.grpcTLS)
+}
+
+func (r *regionSync) build(_ context.Context, s *server) (hooks, error) {
+	if r.config.name == "" {
+		// Without regions, a limit of scope: global is counted in this
+		// region alone: say so at start and at every reload.
+		warn := func(rules *config.Rules) { warnGlobalAlone(rules, s.log) }
+		warn(s.source.initial)
+		return hooks{rules: warn}, nil
+	}
+	// The peers' pushes are kept in this region's store, Redis or
+	// memory, for every replica to read.
+	var store region.Store = region.NewMemoryStore(s.now)
+	if s.stack.redis != nil {
+		store = region.NewRedisStore(s.stack.redis.Client(), s.stack.prefix, region.KeepFor(r.config.interval))
+	}
+	e, err := r.config.newEngine(s.stack.main, store, s.now, s.log)
+	if err != nil {
+		return hooks{}, err
+	}
+	r.engine = e
+	s.stack.main, s.stack.global = e, e
+	registerRegion(s.reg, e)
+	s.stack.describe = append(s.stack.describe, r.describe)
+	if r.config.addr != "" {
+		if r.tls, err = listenerTLS("region sync", r.config.files, s.log); err != nil {
+			return hooks{}, err
+		}
+	}
+	// The sync goes on while the servers drain after SIGTERM, so that the
+	// peers do not count this region as cut off meanwhile.
+	rctx, rcancel := context.WithCancel(context.Background())
+	return hooks{
+		grpc: func(gs *grpc.Server) {
+			if r.config.addr == "" {
+				e.Register(gs)
+			}
+		},
+		listeners: func() []listener { return r.listeners(s) },
+		start:     func(context.Context) { go e.Run(rctx) },
+		close:     rcancel,
+	}, nil
+}
+
+// listeners serves region sync alone on -region-addr, over mutual TLS
+// with the region's files, decoding requests as the gRPC port does: the
+// peers' pushes, apart from the port Envoy calls. None without
+// -region-addr.
+func (r *regionSync) listeners(s *server) []listener {
+	if r.config.addr == "" {
+		return nil
+	}
+	// Region sync tolerates no string that is not UTF-8: its pushes are
+	// refused naming the field.
+	opts := append(wire.DecodeOptions(), s.recovery.ServerOptions()...)
+	opts = append(opts, grpc.Creds(credentials.NewTLS(r.tls)))
+	gs := grpc.NewServer(opts...)
+	r.engine.Register(gs)
+	return []listener{grpcListener("region sync", r.config.addr, gs, s.log, logServing(s.log, "serving region sync", "mtls", true))}
+}
+
+// describe adds the region and its peers to what the ops console shows.
+func (r *regionSync) describe(d *console.Backend) {
+	st := r.engine.Stats()
+	cr := &console.Region{Name: st.Region, Keys: st.Keys, Pushes: st.Pushes, PushFailures: st.PushFailures, Received: st.Received, Peers: []console.Peer{}}
+	for _, p := range st.Peers {
+		unheard := "never"
+		if p.Unheard >= 0 {
+			unheard = p.Unheard.Round(time.Millisecond).String()
+		}
+		cr.Peers = append(cr.Peers, console.Peer{Name: p.Name, Addr: p.Addr, Unheard: unheard, CutOff: p.CutOff, Weight: p.Weight})
+	}
+	d.Region = cr
 }

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
+	"flag"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 
+	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 )
 
@@ -31,17 +35,6 @@ var (
 	rlqsNotUTF8Desc     = rlqsDesc("buckets_not_utf8_total", "Bucket reports whose id is not UTF-8 (Envoy builds ids from headers byte for byte): left out of the answers, since Envoy could not read an answer naming them; its no_assignment_behavior decides them.")
 	rlqsUsageDesc       = rlqsDesc("rule_usage", "Requests per second the streams of this replica report allowed for buckets the rule decides, at their latest reports; sum over replicas for the rule's global usage.", "domain", "rule")
 )
-
-// withRLQSExplain serves POST /explain/rlqs from quota (nil: none) beside h.
-func withRLQSExplain(h http.Handler, quota *rlqs.Server) http.Handler {
-	if quota == nil {
-		return h
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/", h)
-	mux.Handle("POST /explain/rlqs", quota.ExplainHandler())
-	return mux
-}
 
 // registerRLQS exports the counts of s.
 func registerRLQS(reg prometheus.Registerer, s *rlqs.Server) { reg.MustRegister(rlqsMetrics{s}) }
@@ -78,4 +71,48 @@ func (m rlqsMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(rlqsBudgetFailDesc, prometheus.CounterValue, float64(st.Budget.Failed))
 	ch <- prometheus.MustNewConstMetric(rlqsNotUTF8Desc, prometheus.CounterValue, float64(st.NotUTF8))
+}
+
+// rlqsFrontEnd is the component of Envoy's Rate Limit Quota Service
+// (-rlqs, docs/rlqs.md) on the gRPC port: each limit's budget is held in
+// the bottom of the backend stack, shared by the replicas on one Redis,
+// behind a circuit breaker of its own; every rule set put in force
+// pushes what it changed to the open streams.
+type rlqsFrontEnd struct {
+	config rlqsConfig
+	server *rlqs.Server // nil with -rlqs=false
+}
+
+func (r *rlqsFrontEnd) addFlags(fs *flag.FlagSet) { addRLQSFlags(fs, &r.config) }
+
+func (r *rlqsFrontEnd) check(flagName func(string) string) error { return r.config.validate(flagName) }
+
+func (r *rlqsFrontEnd) build(_ context.Context, s *server) (hooks, error) {
+	if !r.config.on {
+		return hooks{}, nil
+	}
+	opts := r.config.options()
+	// A budget call is off Envoy's request path and may carry a whole
+	// report's buckets: one slower than an RLS decision's deadline
+	// neither fails nor opens the circuit that RLS decisions go through.
+	opts.Budget = s.stack.guarded(r.config.budgetTimeout, "rlqs budget",
+		"budget calls fail at once until a probe succeeds; reports are answered with this replica's share alone")
+	opts.Rules, opts.Now, opts.Logger = s.svc.Rules, s.now, s.log
+	quota, err := rlqs.New(opts)
+	if err != nil {
+		return hooks{}, err
+	}
+	r.server = quota
+	registerRLQS(s.reg, quota)
+	return hooks{
+		grpc: func(gs *grpc.Server) {
+			quota.Register(gs)
+			s.log.Info("serving Envoy's Rate Limit Quota Service (RLQS) on the gRPC port; each limit's budget is held in the backend, shared by every replica on it (docs/rlqs.md)", "backend", s.stack.kind)
+		},
+		http:  func(mux *http.ServeMux) { mux.Handle("POST /explain/rlqs", quota.ExplainHandler()) },
+		rules: func(*config.Rules) { quota.Reload() }, // after RLS's: the pushes read the rules it put in force
+		// RLQS streams never end on their own: end them, so that the
+		// graceful stop waits only for calls in flight.
+		drain: quota.Close,
+	}, nil
 }

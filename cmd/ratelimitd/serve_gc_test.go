@@ -23,13 +23,12 @@ func TestTuneGC(t *testing.T) {
 		{"memory", "", 100},
 	} {
 		debug.SetGCPercent(100)
-		c := &serveConfig{backend: tc.backend, lookupEnv: func(k string) (string, bool) {
+		tuneGC(tc.backend, func(k string) (string, bool) {
 			if k == "GOGC" && tc.gogc != "" {
 				return tc.gogc, true
 			}
 			return "", false
-		}}
-		tuneGC(c, log)
+		}, log)
 		if got := debug.SetGCPercent(100); got != tc.want {
 			t.Errorf("backend %s, GOGC %q: GC percent %d, want %d", tc.backend, tc.gogc, got, tc.want)
 		}

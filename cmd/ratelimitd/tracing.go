@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/attribute"
@@ -22,6 +24,41 @@ import (
 
 // tracerName names the spans ratelimitd makes itself.
 const tracerName = "github.com/ratelimitd/ratelimitd"
+
+// tracing is the component that traces gRPC calls and backend calls with
+// OpenTelemetry (-tracing): the top layer of the backend stack, and a
+// stats handler of the gRPC server.
+type tracing struct {
+	on bool
+}
+
+func (t *tracing) addFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&t.on, "tracing", false, "trace gRPC calls and backend calls with OpenTelemetry, exported as the standard OTEL_* variables say (OTLP over HTTP by default)")
+}
+
+func (t *tracing) check(func(string) string) error { return nil }
+
+func (t *tracing) build(ctx context.Context, s *server) (hooks, error) {
+	if !t.on {
+		return hooks{}, nil
+	}
+	tp, err := newTracerProvider(ctx, s.lookupEnv)
+	if err != nil {
+		return hooks{}, err
+	}
+	s.stack.main = newTracedBackend(s.stack.main, tp, s.stack.kind)
+	s.log.Info("tracing on: exporting spans as the OTEL_* variables say")
+	return hooks{
+		grpcOptions: tracingServerOptions(tp),
+		close: func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(sctx); err != nil {
+				s.log.Warn("tracing: spans not flushed at exit", "error", err)
+			}
+		},
+	}, nil
+}
 
 // newTracerProvider returns a tracer provider that exports spans as the
 // standard OpenTelemetry variables say: OTEL_TRACES_EXPORTER (otlp, the

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -50,9 +48,8 @@ func addXDSFlags(fs *flag.FlagSet, c *xdsConfig) {
 	fs.BoolVar(&c.forceStart, "xds-force-start", false, "serve before the first rules arrive from the xDS control plane, with no rules meanwhile (every request OK); without it, ratelimitd opens no port until they arrive")
 }
 
-// validateXDS checks the -xds-* flags.
-func (c *serveConfig) validateXDS() error {
-	x := &c.xds
+// check checks the -xds-* flags; flagName names a flag as the user set it.
+func (x *xdsConfig) check(flagName func(string) string) error {
 	if x.server == "" {
 		for _, f := range []struct{ name, v string }{
 			{"xds-node-metadata", x.nodeMetadata}, {"xds-headers", x.headers},
@@ -60,57 +57,58 @@ func (c *serveConfig) validateXDS() error {
 			{"xds-tls-server-name", x.tls.ServerName},
 		} {
 			if f.v != "" {
-				return fmt.Errorf("%s needs -xds-server: the control plane it is for", c.source(f.name))
+				return fmt.Errorf("%s needs -xds-server: the control plane it is for", flagName(f.name))
 			}
 		}
 		if x.forceStart {
-			return fmt.Errorf("%s needs -xds-server: the control plane whose rules it does not wait for", c.source("xds-force-start"))
+			return fmt.Errorf("%s needs -xds-server: the control plane whose rules it does not wait for", flagName("xds-force-start"))
 		}
 		if x.readyWithRules {
-			return fmt.Errorf("%s needs -xds-server: from files, rules with a domain are there before any port opens", c.source("xds-ready-with-rules"))
+			return fmt.Errorf("%s needs -xds-server: from files, rules with a domain are there before any port opens", flagName("xds-ready-with-rules"))
 		}
 		if x.tls.Enabled {
-			return fmt.Errorf("%s needs -xds-server: the control plane it is for", c.source("xds-tls"))
+			return fmt.Errorf("%s needs -xds-server: the control plane it is for", flagName("xds-tls"))
 		}
 		return nil
 	}
 	var err error
 	if x.metadata, err = xds.ParsePairs(x.nodeMetadata); err != nil {
-		return fmt.Errorf("invalid %s: %v", c.source("xds-node-metadata"), err)
+		return fmt.Errorf("invalid %s: %v", flagName("xds-node-metadata"), err)
 	}
 	if x.headerMap, err = xds.ParsePairs(x.headers); err != nil {
-		return fmt.Errorf("invalid %s: %v", c.source("xds-headers"), err)
+		return fmt.Errorf("invalid %s: %v", flagName("xds-headers"), err)
 	}
 	if (x.tls.Cert == "") != (x.tls.Key == "") {
-		return fmt.Errorf("%s and %s go together: give both or neither", c.source("xds-tls-cert"), c.source("xds-tls-key"))
+		return fmt.Errorf("%s and %s go together: give both or neither", flagName("xds-tls-cert"), flagName("xds-tls-key"))
 	}
 	if x.backoffInitial <= 0 {
-		return fmt.Errorf("invalid %s %v; it must be positive", c.source("xds-backoff-initial"), x.backoffInitial)
+		return fmt.Errorf("invalid %s %v; it must be positive", flagName("xds-backoff-initial"), x.backoffInitial)
 	}
 	if x.backoffMax < x.backoffInitial {
-		return fmt.Errorf("invalid %s %v; it must be at least %s (%v)", c.source("xds-backoff-max"), x.backoffMax, c.source("xds-backoff-initial"), x.backoffInitial)
+		return fmt.Errorf("invalid %s %v; it must be at least %s (%v)", flagName("xds-backoff-max"), x.backoffMax, flagName("xds-backoff-initial"), x.backoffInitial)
 	}
 	return nil
 }
 
 // xdsSource receives the rules of the xDS control plane. Until attach, it
-// keeps the latest; from then on it hands each to the service.
+// keeps the latest; from then on it hands each to the service, and tells
+// of each rejected.
 type xdsSource struct {
 	client *xds.Client
 
 	mu     sync.Mutex
 	latest *config.Rules
 	apply  func(*config.Rules)
+	reject func(error)
 }
 
 // startXDS starts the client of -xds-server; it runs until ctx is done.
-func startXDS(ctx context.Context, c *serveConfig, log *slog.Logger) (*xdsSource, error) {
+func startXDS(ctx context.Context, x *xdsConfig, log *slog.Logger) (*xdsSource, error) {
 	s := &xdsSource{}
-	x := c.xds
 	client, err := xds.New(xds.Options{
 		Server: x.server, NodeID: x.nodeID, NodeMetadata: x.metadata, Headers: x.headerMap, TLS: x.tls,
 		BackoffInitial: x.backoffInitial, BackoffMax: x.backoffMax,
-		OnRules: s.onRules, Logger: log,
+		OnRules: s.onRules, OnReject: s.onReject, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -129,6 +127,14 @@ func (s *xdsSource) onRules(r *config.Rules, version string) {
 	s.latest = r
 	if s.apply != nil {
 		s.apply(r)
+	}
+}
+
+func (s *xdsSource) onReject(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reject != nil {
+		s.reject(err)
 	}
 }
 
@@ -159,11 +165,12 @@ func (s *xdsSource) initial(ctx context.Context, forceStart bool, log *slog.Logg
 }
 
 // attach hands every later rule set to apply, and at once the latest one
-// if it is not serving already.
-func (s *xdsSource) attach(serving *config.Rules, apply func(*config.Rules)) {
+// if it is not serving already, and the error of every later rejected one
+// to reject.
+func (s *xdsSource) attach(serving *config.Rules, apply func(*config.Rules), reject func(error)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.apply = apply
+	s.apply, s.reject = apply, reject
 	if s.latest != nil && s.latest != serving {
 		apply(s.latest)
 	}
@@ -207,29 +214,4 @@ func registerXDS(reg prometheus.Registerer, x *xdsSource) {
 		}),
 		counter("xds", "stream_errors_total", "xDS streams that failed or could not be opened; each is retried after a backoff.", nil, st(func(s xds.Status) uint64 { return s.StreamErrors })),
 	)
-}
-
-// withRulesSource serves GET /rlconfig from h after a line saying where
-// the rules come from: "# source file PATH", or "# source xds SERVER
-// version V" with the state of the stream and the last rejection.
-func withRulesSource(h http.Handler, c *serveConfig, x *xdsSource) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /rlconfig", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if x == nil {
-			fmt.Fprintf(w, "# source file %s\n", c.config)
-		} else {
-			st := x.client.Status()
-			fmt.Fprintf(w, "# source xds %s version %q connected %t\n", st.Server, st.Version, st.Connected)
-			if st.LastError != "" {
-				fmt.Fprintf(w, "# xds: the last response was rejected (NACK); the rules below keep serving:\n")
-				for _, line := range strings.Split(st.LastError, "\n") {
-					fmt.Fprintf(w, "#   %s\n", line)
-				}
-			}
-		}
-		h.ServeHTTP(w, r)
-	})
-	mux.Handle("/", h)
-	return mux
 }

@@ -206,3 +206,39 @@ func TestRLConfigNamesTheFiles(t *testing.T) {
 		t.Fatal("/metrics lacks ratelimitd_config_source_info for files")
 	}
 }
+
+// TestServeXDSCountsReferenceStats: from xDS, every rule set taken counts
+// in the reference's config_load_success, and every one rejected in
+// config_load_error, as the reference's SetConfig counts its xDS updates
+// (src/service/ratelimit.go at f2fb157). Served without counting them, the
+// statistics showed one load for ever.
+func TestServeXDSCountsReferenceStats(t *testing.T) {
+	srv := xdstest.Start(t, nil)
+	srv.Set(t, "rl-test", "v1", xdstest.Limit("api", "api", "path", "/login", 2, rlsconfv3.RateLimitUnit_MINUTE))
+	p := startServe(t, true, "-config", "/nonexistent", "-xds-server", srv.Addr, "-xds-node-id", "rl-test",
+		"-xds-backoff-initial", "50ms", "-xds-backoff-max", "200ms",
+		"-reference-metrics-addr", "127.0.0.1:0", "-statsd-flush-interval", "50ms")
+	ref := "http://" + p.addr(t, "serving reference metrics") + "/metrics"
+	refStat := func(name string) string {
+		resp, err := http.Get(ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, name+" "); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	srv.Set(t, "rl-test", "v2", xdstest.Limit("api", "api", "path", "/login", 4, rlsconfv3.RateLimitUnit_MINUTE))
+	waitFor(t, "v2 counted", func() bool { return refStat("ratelimit_service_config_load_success") == "2" })
+	srv.Set(t, "rl-test", "v3", xdstest.Limit("api", "api", "path", "/login", 6, rlsconfv3.RateLimitUnit_UNKNOWN))
+	srv.WaitRequest(t, 10*time.Second, "NACK of v3", xdstest.NACK("v2", "unit"))
+	waitFor(t, "v3's rejection counted", func() bool { return refStat("ratelimit_service_config_load_error") >= "1" })
+	if n := refStat("ratelimit_service_config_load_success"); n != "2" {
+		t.Fatalf("config_load_success %s after a rejection, want 2 (v1 and v2)", n)
+	}
+}

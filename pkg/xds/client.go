@@ -124,6 +124,9 @@ type Options struct {
 	// OnRules receives each valid rule set with its version_info, from the
 	// goroutine of Run, before it is ACKed. Required.
 	OnRules func(rules *config.Rules, version string)
+	// OnReject, when set, receives the error of each response rejected
+	// (NACKed), from the goroutine of Run; the last good rules stay.
+	OnReject func(err error)
 	// Logger receives the client's logs. Default: discard them.
 	Logger *slog.Logger
 	// Now is the clock of Status.LastUpdate. Default time.Now.
@@ -373,6 +376,9 @@ func (c *Client) handle(resp *discoveryv3.DiscoveryResponse) (*discoveryv3.Disco
 		c.mu.Unlock()
 		req.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: msg}
 		c.log.Error("xDS rules rejected (NACK); the last good rules keep serving", "version", version, "nonce", resp.GetNonce(), "error", msg)
+		if c.opts.OnReject != nil {
+			c.opts.OnReject(err)
+		}
 		return req, err
 	}
 	c.opts.OnRules(rules, version)

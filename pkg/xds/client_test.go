@@ -2,6 +2,7 @@ package xds_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,12 +20,26 @@ import (
 // wait bounds every wait of these tests.
 const wait = 10 * time.Second
 
-// sink records what OnRules receives.
+// sink records what OnRules and OnReject receive.
 type sink struct {
 	mu       sync.Mutex
 	rules    *config.Rules
 	version  string
 	versions []string
+	rejected []error
+}
+
+func (s *sink) reject(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rejected = append(s.rejected, err)
+}
+
+// rejections returns the errors OnReject received.
+func (s *sink) rejections() []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.rejected)
 }
 
 func (s *sink) on(r *config.Rules, v string) {
@@ -61,7 +76,7 @@ func (s *sink) waitVersion(t *testing.T, version string) *config.Rules {
 func run(t *testing.T, srv *xdstest.Server, opts xds.Options) (*xds.Client, *sink) {
 	t.Helper()
 	s := &sink{}
-	opts.Server, opts.OnRules = srv.Addr, s.on
+	opts.Server, opts.OnRules, opts.OnReject = srv.Addr, s.on, s.reject
 	if opts.BackoffInitial == 0 {
 		opts.BackoffInitial, opts.BackoffMax = 20*time.Millisecond, 200*time.Millisecond
 	}
@@ -156,6 +171,9 @@ func TestSnapshotsAckAndNack(t *testing.T) {
 	}
 	if r, v := s.get(); v != "v2" || limitOf(t, r, "api") != 7 {
 		t.Fatalf("rules in force %q, want v2's", v)
+	}
+	if rej := s.rejections(); len(rej) == 0 || !strings.Contains(rej[0].Error(), `unknown unit "99"`) {
+		t.Fatalf("OnReject received %v, want the NACK's error", rej)
 	}
 
 	// The snapshot cache sends v3 again at once after each NACK; the
