@@ -116,13 +116,7 @@ const maxFuncLines = 100
 // longFuncsAllowed lists the known exceptions to maxFuncLines, as
 // file:function. Each must be removed from here when it is split:
 // TestFunctionsShort fails if one is no longer long, or no longer exists.
-var longFuncsAllowed = []string{
-	// cmd/ratelimitd's composition root is being rebuilt from components
-	// (issue 30); until that lands, these three stay long.
-	"cmd/ratelimitd/serve.go:run",
-	"cmd/ratelimitd/serve.go:newBackend",
-	"cmd/ratelimitd/flags.go:serveConfig.validate",
-}
+var longFuncsAllowed = []string{}
 
 // TestFunctionsShort holds every function declaration and function literal
 // of pkg/ and cmd/ratelimitd (tests and generated code aside) to
