@@ -161,6 +161,24 @@ const (
 	// nothing back. A give is always allowed, and is stored when its batch
 	// is admitted; it reports the state it leaves.
 	OpGive
+	// OpReserve holds a reservation of Hits on a [FixedWindow] for a cost
+	// known only later (reservations in reserve.go): admitted when the
+	// window's count, the reservations made in it and Hits fit N, it
+	// counts nothing and holds Hits until an OpSettle releases them or
+	// Lease.TTL has passed. [Decision.Taken] is the reservation, Mark its
+	// end (µs since the Unix epoch on the store's clock) and Valid the
+	// time until then. Of another algorithm it decides as OpDecide.
+	OpReserve
+	// OpSettle charges Hits, a cost already spent, and releases the
+	// oldest reservation outstanding on its [FixedWindow] key: the hits
+	// count in the window that reservation was made in while it is
+	// current, and nowhere once it has ended; without a reservation, in
+	// the current window. It is always allowed, and counts even in a
+	// refused batch ([Request.Counting]). Taken, Mark and Valid describe
+	// the reservation released: its hits, its end and the time left until
+	// it; zero when none was outstanding. Of another algorithm it decides
+	// as OpDecide with [Request.Count].
+	OpSettle
 )
 
 // Lease holds the arguments of an [OpTake] or an [OpGive].

@@ -45,10 +45,10 @@ const maxCount = 1<<53 - 1
 const opCount Op = math.MaxUint8
 
 // Counting reports whether r counts its hits whatever the answer: a
-// decision or a take with [Request.Count]. Count means nothing to a give
-// or a slot's op.
+// decision or a take with [Request.Count], and a settle. Count means
+// nothing to a give, a reservation or a slot's op.
 func (r *Request) Counting() bool {
-	return r.Count && (r.Op == OpDecide || r.Op == OpTake)
+	return r.Op == OpSettle || r.Count && (r.Op == OpDecide || r.Op == OpTake)
 }
 
 // Counted reports whether request r, refused with decision d, had its hits
@@ -106,7 +106,7 @@ func fixedWindowCount(s *State, now int64, l Limit, hits uint64) {
 	if s.Time == start && s.Count > 0 {
 		used = s.Count
 	}
-	*s = State{Time: start, Count: addCount(used, hits)}
+	*s = State{Time: start, Count: addCount(used, hits), Log: reservations(s.Log).live(now)}
 }
 
 // burstFillCount counts hits into the window running at now, or into one

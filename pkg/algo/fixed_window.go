@@ -1,50 +1,20 @@
 package algo
 
-import "math"
-
-// fixedWindow is the step of [FixedWindow]. now is in microseconds.
-//
-// A clock that steps back finds a stored window later than its own. Up to
-// one window ahead, the stored window keeps counting until it ends, at most
-// two windows away: a small step back neither reopens a spent budget nor
-// holds it shut for long. A stored window further ahead is void, as if the
-// window had passed; freezing a key for as long as the clock stepped back
-// would be worse.
+// fixedWindow is the step of [FixedWindow]. now is in microseconds. A
+// window admits hits while its count, the reservations made in it
+// ([OpReserve]) and the hits fit N (see viewWindow for a clock that steps
+// back).
 func fixedWindow(s *State, now int64, l Limit, hits uint64, strict bool) Decision {
-	w := windowMicros(l)
-	start := windowStart(s, now, w)
-	end := start + w
-
-	var used uint64
-	if s.Time == start && s.Count > 0 {
-		used = uint64(s.Count)
+	v := viewWindow(s, now, l)
+	if hits > v.remaining || strict && v.used > v.n {
+		return v.refusal(now, hits)
 	}
-	n := min(l.Requests, math.MaxInt64) // Count is an int64
-	var remaining uint64
-	if used < n {
-		remaining = n - used
-	}
-
-	if hits <= remaining && !(strict && used > n) {
-		used += hits
-		d := Decision{Allowed: true, Remaining: remaining - hits}
-		if used > 0 {
-			d.ResetAfter = micros(end - now)
-		}
-		if hits == 0 {
-			return d
-		}
-		*s = State{Time: start, Count: int64(used)}
+	d := Decision{Allowed: true, Remaining: v.remaining - hits, ResetAfter: v.reset(now)}
+	if hits == 0 {
 		return d
 	}
-
-	d := Decision{Remaining: remaining, RetryAfter: micros(end - now)}
-	if used > 0 {
-		d.ResetAfter = micros(end - now)
-	}
-	if hits > n {
-		d.RetryAfter = Never
-	}
+	*s = State{Time: v.start, Count: int64(v.used + hits), Log: v.live}
+	d.ResetAfter = windowReset(now, v.end, true, v.live)
 	return d
 }
 

@@ -6,7 +6,8 @@ import (
 
 // Apply applies request r to the state *s at now, as a backend does for
 // one request of a batch, and returns its decision: [Step] for an
-// [OpDecide], a lease for an [OpTake], a return for an [OpGive]. Like Step,
+// [OpDecide], a lease for an [OpTake], a return for an [OpGive], a
+// reservation for an [OpReserve], a charge for an [OpSettle]. Like Step,
 // it changes *s only when the request changes the state (see [Stores]).
 //
 // Every backend that keeps state in Go applies requests with Apply; the
@@ -32,6 +33,21 @@ func Apply(s *State, now time.Time, r *Request) Decision {
 		d := Step(s, now, l, 0)
 		d.Allowed = true
 		return d
+	}
+	if l.Algorithm == FixedWindow && l.Check() == nil {
+		switch r.Op {
+		case OpReserve:
+			return reserve(s, now.UnixMicro(), l, r.Hits, max(r.Lease.TTL.Microseconds(), 1))
+		case OpSettle:
+			return settle(s, now.UnixMicro(), l, r.Hits)
+		}
+	}
+	if r.Op == OpSettle {
+		// A settle of another algorithm is a cost counted whatever the
+		// answer.
+		c := *r
+		c.Op, c.Count = OpDecide, true
+		r = &c
 	}
 	strict := r.Counting() && r.Hits == 0
 	if r.Op == OpTake && leasable && !r.Peek && r.Lease.TTL > 0 {

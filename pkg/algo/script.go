@@ -131,7 +131,8 @@ func AppendRequestArgs(dst []any, reqs []Request) []any {
 
 // flagsArg formats a request's flags argument: the digit f of its shadow,
 // peek and count flags, then for a take " t MAX SHARE TTL_US", for a give
-// " g MARK" and for a [Plain] fixed window " w AT_US TTL_S". A take the script would decide as a plain request (see
+// " g MARK", for a reservation of a fixed window " h TTL_US", for a
+// settle of one " s", and for a [Plain] fixed window " w AT_US TTL_S". A take the script would decide as a plain request (see
 // [Apply]) is sent as one.
 func flagsArg(r *Request, f int) string {
 	digit := "01234567"[f : f+1]
@@ -149,6 +150,10 @@ func flagsArg(r *Request, f int) string {
 		return string(b)
 	case r.Op == OpGive:
 		return digit + " g " + strconv.FormatInt(r.Lease.Mark, 10)
+	case r.Op == OpReserve && r.Limit.Algorithm == FixedWindow:
+		return digit + " h " + strconv.FormatInt(max(r.Lease.TTL.Microseconds(), 1), 10)
+	case r.Op == OpSettle && r.Limit.Algorithm == FixedWindow:
+		return digit + " s"
 	case !r.Plain.At.IsZero() && r.Limit.Algorithm == FixedWindow && r.Op == OpDecide:
 		var buf [64]byte
 		b := append(buf[:0], digit...)

@@ -59,8 +59,8 @@ type Case struct {
 	Steps []Step
 }
 
-// Run runs every case of [Cases], [CountCases], [LeaseCases] and
-// [ConcurrencyCases] against a fresh subject from newSubject, each case on
+// Run runs every case of [Cases], [CountCases], [LeaseCases],
+// [ReserveCases] and [ConcurrencyCases] against a fresh subject from newSubject, each case on
 // its own key, one request at a time.
 func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 	t.Helper()
@@ -77,7 +77,7 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		}
 		cs = append(cs, run{LeaseCase{c.Name, c.Limit, steps}, i >= len(plain)})
 	}
-	for _, c := range append(LeaseCases(), ConcurrencyCases()...) {
+	for _, c := range append(append(LeaseCases(), ReserveCases()...), ConcurrencyCases()...) {
 		cs = append(cs, run{LeaseCase: c})
 	}
 	for _, c := range cs {

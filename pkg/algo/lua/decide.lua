@@ -18,6 +18,8 @@
 --          stored) and 4 count (hits refused are counted all the same,
 --          algo.Request.Count); followed, for a lease (algo.OpTake, algo.OpGive), by
 --          " t MAX SHARE TTL_US" or " g MARK", as in "0 t 500 8 2000000";
+--          or, for a reservation (algo.OpReserve), " h TTL_US", for a settle
+--          (algo.OpSettle), " s" (with the count flag);
 --          or, for a fixed window kept in envoyproxy/ratelimit's layout
 --          (algo.Plain), by " w AT_US TTL_S": the request is decided at
 --          AT_US, the replica's clock that named its key's window, and the
@@ -155,8 +157,12 @@ local function parse_flags(flags)
   if #flags == 1 then
     return flags
   end
-  local f, o, rest = string.match(flags, '^(%d) ([tgarnw]) (.*)$')
-  if o == 'w' then
+  local f, o, rest = string.match(flags, '^(%d) ([tgarnwhs]) ?(.*)$')
+  if o == 'h' then
+    return f, o, tonumber(rest)
+  elseif o == 's' then
+    return f, o
+  elseif o == 'w' then
     local at, ttl = string.match(rest, '^(%d+) (%d+)$')
     return f, o, tonumber(at), tonumber(ttl)
   elseif o == 't' then
@@ -215,6 +221,10 @@ local function apply_op(l, s, hits, o, x, y, z, strict)
   local alg = l.alg
   if alg.slots then
     return alg.op(s, now, l, hits, o, x)
+  elseif o == 'h' and alg.reserve then
+    return alg.reserve(s, now, l, hits, x)
+  elseif o == 's' and alg.settle then
+    return alg.settle(s, now, l, hits)
   elseif o ~= nil and alg.op then
     return alg.op(s, now, l, hits, o, x, y, z, x, strict)
   end
@@ -274,7 +284,7 @@ local function decide_one(argv, k, a, reply)
   else
     s = load(k, l)
   end
-  local counts = flag(flags, 4) and (o == nil or o == 't') -- algo's Request.Counting
+  local counts = flag(flags, 4) and (o == nil or o == 't' or o == 's') -- algo's Request.Counting
   local next, allowed, remaining, reset, retry, wait, taken, mark, valid, counted = apply(l, s, hits, o, x, y, z, counts)
   local peek = flag(flags, 2)
   local n = #reply
@@ -342,12 +352,12 @@ local function decide_batch(argv, k, count, a, reply)
       current[key] = start[key]
     end
     local cur = current[key]
-    local counts = flag(flags, 4) and (op == nil or op == 't') -- algo's Request.Counting
+    local counts = flag(flags, 4) and (op == nil or op == 't' or op == 's') -- algo's Request.Counting
     local next, allowed, remaining, reset, retry, wait, taken, mark, valid, counted = apply(l, cur, hits, op, x, y, z, counts)
     local peek = flag(flags, 2)
     now = call_now
     local r = {l, counted and not peek or stores(l, op, hits, taken, allowed, peek), start[key], nil, reset, taken, mark, valid, plain,
-      counts and {hits, peek}}
+      counts and {hits, peek, op == 's' and op or nil}}
     if allowed or counted then
       current[key] = next
       r[4] = next
@@ -396,14 +406,21 @@ local function decide_batch(argv, k, count, a, reply)
       local call_now = now
       now = r[9] and r[9][1] or now
       if r[10] then
-        local key, l, hits, peek = keys[k + i - 1], r[1], r[10][1], r[10][2]
+        local key, l, hits, peek, op = keys[k + i - 1], r[1], r[10][1], r[10][2], r[10][3]
         local s = replay[key] or r[3]
-        local next, allowed, remaining, reset, retry, wait, _, _, _, counted = apply(l, s, hits, nil, nil, nil, nil, true)
+        local next, allowed, remaining, reset, retry, wait, taken, mark, valid, counted = apply(l, s, hits, op, nil, nil, nil, true)
         if allowed or counted then
           replay[key] = next
-          if counted and not peek or stores(l, nil, hits, 0, allowed, peek) then
+          if counted and not peek or stores(l, op, hits, taken, allowed, peek) then
             r[4], r[5], last[key] = next, reset, i
           end
+        end
+        if taken > 0 and allowed then
+          -- A settle tells the reservation it released, in a refused batch
+          -- too.
+          local q = e + 4 * reply[e]
+          reply[q + 1], reply[q + 2], reply[q + 3], reply[q + 4] = i - 1, taken, mark, valid
+          reply[e] = reply[e] + 1
         end
         reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = allowed and 1 or 0, remaining, reset, retry, wait
       else

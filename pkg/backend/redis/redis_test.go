@@ -529,3 +529,82 @@ func TestGoAndLuaAgreeOnSlots(t *testing.T) {
 		mem.Close()
 	}
 }
+
+// TestGoAndLuaAgreeOnReservations decides random batches of reservations
+// (algo.OpReserve), settles (algo.OpSettle) and plain decisions of fixed
+// windows, with the in-memory backend and with the Lua scripts, and wants
+// identical decisions: reservations of varied TTLs, so that keys fill
+// their slots past the cap, settles of any cost, windows that end under
+// reservations made in them, a clock that stands still, jumps or steps
+// back, and batches that a refusal of another request refuses. A keyed
+// settle of another algorithm counts its hits, a reservation of one
+// decides them: the twins must agree on that too.
+func TestGoAndLuaAgreeOnReservations(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 31))
+	for run := range *luaRuns {
+		now := algotest.Epoch
+		mem := memory.New(memory.Options{Now: func() time.Time { return now }, SweepInterval: -1})
+		defer mem.Close()
+		lua := testBackend(t, c)
+		windows := []time.Duration{time.Second, 7 * time.Second, 999_983 * time.Microsecond}
+		limits := []algo.Limit{
+			{Algorithm: algo.FixedWindow, Requests: 1 + rng.Uint64N(2000), Window: windows[rng.IntN(len(windows))]},
+			{Algorithm: algo.FixedWindow, Requests: rng.Uint64N(40), Window: windows[rng.IntN(len(windows))]},
+			randomLimit(rng, algo.Algorithms()[rng.IntN(len(algo.Algorithms()))]),
+		}
+		w := limits[0].Window
+		for step := range 200 {
+			switch rng.IntN(12) {
+			case 0:
+			case 1:
+				now = now.Add(time.Duration(rng.Int64N(int64(3 * w))))
+			case 2:
+				now = now.Add(-time.Duration(rng.Int64N(int64(w))))
+			default:
+				now = now.Add(time.Duration(rng.Int64N(int64(w/8)) + 1))
+			}
+			reqs := make([]algo.Request, 1+rng.IntN(3))
+			for i := range reqs {
+				k := rng.IntN(len(limits))
+				l := limits[k]
+				reqs[i] = algo.Request{
+					Key:    []byte(fmt.Sprintf("r%d|%s", k, l.Algorithm)),
+					Limit:  l,
+					Hits:   rng.Uint64N(1 + l.Requests/4),
+					Shadow: rng.IntN(8) == 0,
+					Peek:   rng.IntN(10) == 0,
+				}
+				switch rng.IntN(7) {
+				case 0, 1, 2:
+					reqs[i].Op = algo.OpReserve
+					reqs[i].Hits = 1 + rng.Uint64N(1+l.Requests/8)
+					reqs[i].Lease.TTL = time.Duration(1 + rng.Int64N(int64(2*w)))
+				case 3, 4:
+					reqs[i].Op = algo.OpSettle
+					if rng.IntN(4) == 0 {
+						reqs[i].Hits = rng.Uint64N(2 * (1 + l.Requests))
+					}
+				case 5:
+					reqs[i].Count = true
+				}
+			}
+			want := make([]algo.Decision, len(reqs))
+			got := make([]algo.Decision, len(reqs))
+			if err := mem.Decide(ctx, reqs, want); err != nil {
+				t.Fatal(err)
+			}
+			if err := lua.decide(ctx, now, reqs, got); err != nil {
+				t.Fatal(err)
+			}
+			for i := range reqs {
+				if got[i] != want[i] {
+					t.Fatalf("run %d step %d at %v, request %d of %d (%s, %+v, %d hits, shadow %v, peek %v, count %v, op %d %+v):\n Lua %s\n  Go %s",
+						run, step, now.Sub(algotest.Epoch), i, len(reqs), reqs[i].Key, reqs[i].Limit, reqs[i].Hits, reqs[i].Shadow, reqs[i].Peek,
+						reqs[i].Count, reqs[i].Op, reqs[i].Lease, algotest.Format(got[i]), algotest.Format(want[i]))
+				}
+			}
+		}
+	}
+}
