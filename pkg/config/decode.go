@@ -29,8 +29,8 @@ const (
 	domainFields     = "domain, descriptors, failure_mode, name"
 	descriptorFields = "key, value, rate_limit, rate_limits, concurrency, descriptors, shadow_mode, detailed_metric, value_to_metric, " +
 		"share_threshold, quota_mode, metadata"
-	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency, scope, on_partition, over_limit_hits"
-	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency, scope, on_partition, over_limit_hits"
+	rateLimitFields  = "requests_per_unit, unit, unit_multiplier, name, replaces, unlimited, algorithm, burst, consistency, scope, on_partition, over_limit_hits, reserve"
+	rateLimitsFields = "requests_per_unit, unit, unit_multiplier, name, algorithm, burst, consistency, scope, on_partition, over_limit_hits, reserve"
 	replacesFields   = "name"
 )
 
@@ -295,7 +295,7 @@ type limitBlock struct {
 	node                                           *yaml.Node
 	field                                          string
 	rpu, unit, mult, alg, burst, cons, scope, part *yaml.Node
-	over                                           *yaml.Node
+	over, reserve                                  *yaml.Node
 	lim                                            Limit
 	ok                                             bool // every field given is well-formed
 	listed                                         bool // an entry of rate_limits
@@ -346,6 +346,9 @@ func (p *parser) limitField(b *limitBlock, f mappingField, sub string) bool {
 	case "over_limit_hits":
 		b.over = f.val
 		b.lim.OverLimitHits, good = keyword(p, f.val, sub, ParseOverLimitHits)
+	case "reserve":
+		b.reserve = f.val
+		b.lim.Reserve, good = keyword(p, f.val, sub, ParseReserve)
 	default:
 		return false
 	}

@@ -1,6 +1,10 @@
 package config
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+	"strconv"
+)
 
 // Consistency is a limit's rate_limit.consistency: where its decisions
 // are made. The zero value is Exact, the default.
@@ -168,4 +172,70 @@ func ParsePartition(s string) (Partition, error) {
 		return ExactLocal, nil
 	}
 	return 0, fmt.Errorf("unknown on_partition %q; accepted: share, exact-local", s)
+}
+
+// Reserve is a limit's rate_limit.reserve: what a request-time call
+// holds until its cost is settled by a stream-done call (SPEC section 12,
+// docs/ai-gateway.md). The zero value, ReserveDefault, leaves it to the
+// server's -reserve.
+type Reserve struct {
+	Mode ReserveMode
+	// Hits is the reservation of ReserveFixed.
+	Hits uint64
+}
+
+// ReserveMode says how a limit reserves.
+type ReserveMode uint8
+
+const (
+	// ReserveDefault: the rule does not say; the server's -reserve does.
+	ReserveDefault ReserveMode = iota
+	// ReserveOff: no reservation; costs count when they are reported.
+	ReserveOff
+	// ReserveAuto: the reservation and how long it lasts are learnt from
+	// the costs settled and the time they took.
+	ReserveAuto
+	// ReserveFixed: Reserve.Hits at every request-time call.
+	ReserveFixed
+)
+
+// On reports whether the limit reserves: auto or a fixed amount.
+func (r Reserve) On() bool { return r.Mode == ReserveAuto || r.Mode == ReserveFixed }
+
+// Or returns r, or def when r is ReserveDefault.
+func (r Reserve) Or(def Reserve) Reserve {
+	if r.Mode == ReserveDefault {
+		return def
+	}
+	return r
+}
+
+// String returns the rule-file name: "auto", the number of hits, "off",
+// or "" for the default.
+func (r Reserve) String() string {
+	switch r.Mode {
+	case ReserveOff:
+		return "off"
+	case ReserveAuto:
+		return "auto"
+	case ReserveFixed:
+		return fmt.Sprint(r.Hits)
+	}
+	return ""
+}
+
+// ParseReserve returns the reserve named s: auto, off, or a whole number
+// of hits from 1 to 2^32-1.
+func ParseReserve(s string) (Reserve, error) {
+	switch s {
+	case "auto":
+		return Reserve{Mode: ReserveAuto}, nil
+	case "off":
+		return Reserve{Mode: ReserveOff}, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || n == 0 {
+		return Reserve{}, fmt.Errorf("unknown reserve %q; accepted: auto (learnt from the costs settled), off, or the hits a request-time call holds, 1 to %d", s, uint32(math.MaxUint32))
+	}
+	return Reserve{Mode: ReserveFixed, Hits: n}, nil
 }

@@ -270,6 +270,10 @@ type Limit struct {
 	// anyway, or refused and dropped; the zero value leaves it to the
 	// server's default.
 	OverLimitHits OverLimitHits
+	// Reserve says what a request-time call holds until its cost is
+	// settled (rate_limit.reserve); the zero value leaves it to the
+	// server's default.
+	Reserve Reserve
 }
 
 // Capacity returns the limit's bucket capacity: Burst, or RequestsPerUnit

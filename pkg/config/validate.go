@@ -118,7 +118,7 @@ func (p *parser) checkRateLimit(b *limitBlock, unlimited bool) bool {
 	for _, c := range []struct {
 		n    *yaml.Node
 		name string
-	}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}, {b.cons, "consistency"}, {b.scope, "scope"}, {b.part, "on_partition"}, {b.over, "over_limit_hits"}} {
+	}{{b.unit, "unit"}, {b.mult, "unit_multiplier"}, {b.alg, "algorithm"}, {b.burst, "burst"}, {b.cons, "consistency"}, {b.scope, "scope"}, {b.part, "on_partition"}, {b.over, "over_limit_hits"}, {b.reserve, "reserve"}} {
 		if c.n != nil {
 			p.fail(c.n, b.field+"."+c.name, "must not be set together with unlimited: true; an unlimited rule counts nothing")
 			ok = false
@@ -218,6 +218,9 @@ func (p *parser) checkLimit(b *limitBlock) bool {
 			"leasable: %s (or consistency: exact)", l.Algorithm, l.Algorithm.UnleasableReason(), leasableNames())
 		return false
 	}
+	if !p.checkReserve(b) {
+		return false
+	}
 	n := uint64(l.RequestsPerUnit)
 	switch {
 	case l.Algorithm.LogsHits():
@@ -248,6 +251,37 @@ func (p *parser) checkLimit(b *limitBlock) bool {
 		}
 	}
 	return ok
+}
+
+// checkReserve checks a limit's reserve: reservations are held in one
+// count per window, decided exactly in the region's backend, so the limit
+// is a fixed window, neither leased nor global; over_limit_hits means
+// nothing beside it (a settled cost always counts, a request-time call
+// that does not fit is refused); and a reservation must fit the limit.
+func (p *parser) checkReserve(b *limitBlock) bool {
+	l := &b.lim
+	if !l.Reserve.On() {
+		return true
+	}
+	why := ""
+	switch {
+	case l.Algorithm != algo.FixedWindow:
+		why = fmt.Sprintf("reservations are held against one count per window: only %s keeps one, not %s", algo.FixedWindow, l.Algorithm)
+	case l.Consistency == Leased:
+		why = "a leased limit is decided from budget leased to each replica, while a reservation is held in the store that every replica's settle releases: use consistency: exact"
+	case l.Scope == Global:
+		why = "a global limit is counted across regions that sync in the background, while a request-time call and its settle may reach different regions: use scope: region"
+	case b.over != nil:
+		p.fail(b.over, b.field+".over_limit_hits", "has no meaning beside reserve: a settled cost always counts, and a request-time call that does not fit is refused; drop over_limit_hits")
+		return false
+	case l.Reserve.Mode == ReserveFixed && l.Reserve.Hits > uint64(l.RequestsPerUnit):
+		p.fail(b.reserve, b.field+".reserve", "%d is above requests_per_unit %d: no request-time call would ever fit; reserve at most the limit", l.Reserve.Hits, l.RequestsPerUnit)
+		return false
+	default:
+		return true
+	}
+	p.fail(b.reserve, b.field+".reserve", "%s; or drop reserve", why)
+	return false
 }
 
 // leasableNames lists the algorithms a leased limit may use, for

@@ -105,6 +105,7 @@ func (s *Service) decideAll(ctx context.Context, domain string, dom *config.Doma
 	}
 	berr := s.decide(ctx, sc)
 	if berr == nil {
+		sc.reserving.settled(sc)
 		return true, nil
 	}
 	mode, err := s.backendFailed(ctx, domain, dom, sc, berr)

@@ -67,6 +67,8 @@ type scratch struct {
 	reference bool
 	refKeys   []byte
 	refSpans  [][2]int
+	// reserving holds the limits that reserve and what they learnt.
+	reserving *reserving
 }
 
 // rlsDescriptor views an RLS descriptor as a config.Descriptor. It is a
@@ -327,16 +329,21 @@ func planRequests(sc *scratch, req *rlsv3.RateLimitRequest, slots bool, holder a
 		// refuse the batch: whether it refuses the request depends on the
 		// other quota descriptors (quotaRefuses).
 		c.quota = c.rule.QuotaMode || sc.quotaMode
+		reserves := false
 		for j := range c.rule.Limits {
 			if j > 0 {
 				sc.keys = append(sc.keys, sc.keys[start:end]...)
 			}
 			l := &c.rule.Limits[j]
 			sc.add(ruleLimit(l), h, c.rule.ShadowMode || c.quota, l.Consistency == config.Leased, globalOf(l))
-			sc.reqs[len(sc.reqs)-1].Count = l.OverLimitHits.Or(sc.overLimit) == config.OverLimitCount
+			q := &sc.reqs[len(sc.reqs)-1]
+			q.Count = l.OverLimitHits.Or(sc.overLimit) == config.OverLimitCount
+			if sc.reserving.reserveOp(q, c.rule, j, d) {
+				reserves = true
+			}
 		}
 		c.n = len(c.rule.Limits)
-		if sc.reference && ReferenceRule(c.rule) {
+		if sc.reference && ReferenceRule(c.rule) && !reserves {
 			sc.setReference(c.req, req.Domain, d, c.rule)
 		}
 		if cl := c.rule.Concurrency; slots && cl != nil {
@@ -588,6 +595,7 @@ func (s *Service) getScratch(n int) *scratch {
 	sc.reference = s.referenceKeys
 	sc.refKeys = sc.refKeys[:0]
 	sc.refSpans = sc.refSpans[:0]
+	sc.reserving = s.reserving.Load()
 	return sc
 }
 
@@ -597,5 +605,6 @@ func (s *Service) putScratch(sc *scratch) {
 	}
 	clear(sc.checks) // drop references to rules, so replaced rule sets can be freed
 	clear(sc.reqs)
+	sc.reserving = nil
 	s.scratch.Put(sc)
 }

@@ -107,6 +107,11 @@ type Options struct {
 	// well ([algo.Request.RefKey]), so that a backend shared with
 	// reference pods (Redis, -redis-key-format reference) counts there.
 	ReferenceKeys bool
+	// Reserve is how the limits whose rule does not set rate_limit.reserve
+	// reserve, when they can (a fixed window, exact, of its region): off
+	// (the zero value), auto or a fixed number of hits. See
+	// [Service.ShouldRateLimit] and docs/ai-gateway.md.
+	Reserve config.Reserve
 }
 
 // Service decides rate limits. Create it with [New]; it is safe for
@@ -114,9 +119,14 @@ type Options struct {
 type Service struct {
 	backend algo.Backend
 	rules   atomic.Pointer[config.Rules]
-	log     *slog.Logger
-	bounds  Bounds
-	health  *health.Server
+	// reserving holds what the limits that reserve learnt, under the rules
+	// in force (or those just replaced: see reserving.of);
+	// reserveDefault is Options.Reserve.
+	reserving      atomic.Pointer[reserving]
+	reserveDefault config.Reserve
+	log            *slog.Logger
+	bounds         Bounds
+	health         *health.Server
 	// draining is set by Drain: health checks then report not serving.
 	draining atomic.Bool
 	// unhealthy holds the components that make health checks report not
@@ -218,6 +228,8 @@ func New(backend algo.Backend, rules *config.Rules, opts Options) (*Service, err
 		referenceKeys:   opts.ReferenceKeys,
 	}
 	s.reporter, _ = opts.Observer.(ReportObserver)
+	s.reserveDefault = opts.Reserve
+	s.reserving.Store(newReserving(rules, opts.Reserve, nil))
 	s.rules.Store(rules)
 	s.health.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(ratelimitdv1.RateLimiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -233,6 +245,7 @@ func (s *Service) Rules() *config.Rules {
 // finish under the rules they started with.
 func (s *Service) SetRules(r *config.Rules) {
 	if r != nil {
+		s.reserving.Store(newReserving(r, s.reserveDefault, s.reserving.Load()))
 		s.rules.Store(r)
 	}
 }

@@ -1,0 +1,166 @@
+package service
+
+import (
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
+	"github.com/ratelimitd/ratelimitd/pkg/config"
+)
+
+// reserveRules is a token budget of 1,000 per window for each user, in
+// the shape of Envoy AI Gateway's (domain ai-gateway-quota), reserving
+// reserve at each request-time call.
+func reserveRules(unit, reserve string) string {
+	return `domain: ai-gateway-quota
+descriptors:
+  - key: user
+    rate_limit: {requests_per_unit: 1000, unit: ` + unit + `, reserve: ` + reserve + `}
+  - key: tenant
+    rate_limit: {requests_per_unit: 5, unit: hour}
+  - key: bucket
+    rate_limit: {requests_per_unit: 1000, unit: hour, algorithm: token_bucket}
+`
+}
+
+// requestTime is the call Envoy's ratelimit filter makes as a request
+// starts (Filter::initiateCall): descriptors without a hits_addend of
+// their own.
+func (f *fixture) requestTime(t *testing.T, ds ...*rlv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	t.Helper()
+	return f.call(t, request("ai-gateway-quota", ds...))
+}
+
+// streamDone is the call Envoy makes once the stream has ended
+// (Filter::onDestroy, OnStreamDoneCallBack): the descriptor with the cost
+// as its hits_addend.
+func (f *fixture) streamDone(t *testing.T, cost uint64, kv ...string) *rlsv3.RateLimitResponse {
+	t.Helper()
+	d := desc(kv...)
+	d.HitsAddend = wrapperspb.UInt64(cost)
+	return f.call(t, request("ai-gateway-quota", d))
+}
+
+// expect checks a one-descriptor answer's code and limit_remaining.
+func expect(t *testing.T, what string, resp *rlsv3.RateLimitResponse, code rlsv3.RateLimitResponse_Code, remaining uint32) {
+	t.Helper()
+	st := resp.Statuses[0]
+	if resp.OverallCode != code || st.Code != code || st.LimitRemaining != remaining {
+		t.Errorf("%s: %v (descriptor %v), %d remaining; want %v, %d", what, resp.OverallCode, st.Code, st.LimitRemaining, code, remaining)
+	}
+}
+
+// TestReservationsHoldUntilSettled: a request-time call holds its
+// reservation and is refused when it does not fit what is charged and
+// held; a stream-done call charges its cost and releases one; a settle
+// with none outstanding is charged and releases nothing; every answer's
+// remaining is limit − charged − held. A server counting only after the
+// fact admits the fourth stream (and any number more).
+func TestReservationsHoldUntilSettled(t *testing.T) {
+	f := newFixture(t, reserveRules("minute", "300"))
+	alice := desc("user", "alice")
+	for i, want := range []uint32{700, 400, 100} {
+		expect(t, "stream "+string(rune('1'+i)), f.requestTime(t, alice), rlsv3.RateLimitResponse_OK, want)
+	}
+	expect(t, "a fourth stream: 300 do not fit in 100", f.requestTime(t, alice), rlsv3.RateLimitResponse_OVER_LIMIT, 100)
+	expect(t, "the first stream's 250", f.streamDone(t, 250, "user", "alice"), rlsv3.RateLimitResponse_OK, 150)
+	expect(t, "a stream after it", f.requestTime(t, alice), rlsv3.RateLimitResponse_OVER_LIMIT, 150)
+	expect(t, "the second's 300", f.streamDone(t, 300, "user", "alice"), rlsv3.RateLimitResponse_OK, 150)
+	expect(t, "the third's 300", f.streamDone(t, 300, "user", "alice"), rlsv3.RateLimitResponse_OK, 150)
+	// No reservation outstanding: charged all the same, nothing released.
+	expect(t, "a cost with no reservation", f.streamDone(t, 100, "user", "alice"), rlsv3.RateLimitResponse_OK, 50)
+	expect(t, "a cost of 0", f.streamDone(t, 0, "user", "alice"), rlsv3.RateLimitResponse_OK, 50)
+	f.clock.Advance(time.Minute)
+	expect(t, "the next window", f.requestTime(t, alice), rlsv3.RateLimitResponse_OK, 700)
+	// Bob's counter is his own.
+	expect(t, "another user", f.requestTime(t, desc("user", "bob")), rlsv3.RateLimitResponse_OK, 700)
+}
+
+// TestReservationsEndOnTheirOwn: reservations never settled (a failed
+// upstream, a client gone) stop holding budget after their lifetime, a
+// minute before anything is learnt.
+func TestReservationsEndOnTheirOwn(t *testing.T) {
+	f := newFixture(t, reserveRules("hour", "300"))
+	alice := desc("user", "alice")
+	for range 3 {
+		f.requestTime(t, alice)
+	}
+	expect(t, "while held", f.requestTime(t, alice), rlsv3.RateLimitResponse_OVER_LIMIT, 100)
+	f.clock.Advance(reserveColdTTL + reserveColdTTL/8 + time.Millisecond)
+	expect(t, "once they ended", f.requestTime(t, alice), rlsv3.RateLimitResponse_OK, 700)
+}
+
+// TestSettleCountsInARefusedRequest: a stream-done call whose request
+// another descriptor refuses is charged all the same: the cost was spent.
+func TestSettleCountsInARefusedRequest(t *testing.T) {
+	f := newFixture(t, reserveRules("hour", "300"))
+	f.requestTime(t, desc("user", "alice"))
+	over := desc("tenant", "t1")
+	over.HitsAddend = wrapperspb.UInt64(6) // 6 of 5: refused, nothing counted (drop)
+	done := desc("user", "alice")
+	done.HitsAddend = wrapperspb.UInt64(200)
+	resp := f.call(t, request("ai-gateway-quota", done, over))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("overall %v, want OVER_LIMIT from the tenant's limit", resp.OverallCode)
+	}
+	expect(t, "after the refused request", f.requestTime(t, desc("user", "alice")), rlsv3.RateLimitResponse_OK, 500)
+}
+
+// TestReserveAutoLearns: with reserve: auto a limit reserves a sixteenth
+// of itself until it has seen 20 costs, then the 95th percentile of the
+// last 256; how long reservations last follows the check-to-settle times,
+// from a minute down to about twice their 99th percentile (4.6 s for
+// streams of 2 s: the estimate is up to half a slot, a sixteenth of the
+// lifetime, above the time).
+func TestReserveAutoLearns(t *testing.T) {
+	f := newFixture(t, `domain: ai-gateway-quota
+descriptors:
+  - key: user
+    rate_limit: {requests_per_unit: 1600000, unit: day, reserve: auto}
+`)
+	alice := desc("user", "alice")
+	first := f.requestTime(t, alice).Statuses[0].LimitRemaining
+	if first != 1500000 {
+		t.Fatalf("cold: %d remaining, want 1,500,000 (a sixteenth reserved)", first)
+	}
+	f.streamDone(t, 10, "user", "alice")
+	for i := range 320 {
+		f.requestTime(t, alice)
+		f.clock.Advance(2 * time.Second)
+		f.streamDone(t, uint64(100+i), "user", "alice") // costs 100 to 419
+	}
+	st := f.svc.Reservations()
+	if len(st) != 1 {
+		t.Fatalf("%d learnt limits, want 1: %+v", len(st), st)
+	}
+	// Learnt at the 320th settle: the last 256 costs are 163 to 418, whose
+	// 95th percentile (the 244th) is 406.
+	if s := st[0]; !s.Auto || s.Hits != 406 || s.Settles != 321 || s.Released != 321 || s.TTL < 4*time.Second || s.TTL > 6*time.Second {
+		t.Fatalf("learnt %+v; want a reservation of 406, 321 settles all releasing one, a lifetime of 4 to 6 s", s)
+	}
+	a := f.requestTime(t, alice).Statuses[0].LimitRemaining
+	b := f.requestTime(t, alice).Statuses[0].LimitRemaining
+	if a-b != 406 {
+		t.Fatalf("a request-time call held %d, want the learnt 406", a-b)
+	}
+}
+
+// TestServerDefaultReserve: Options.Reserve applies to the fixed windows
+// whose rule does not set reserve, not to other algorithms, and not to a
+// rule that sets reserve: off.
+func TestServerDefaultReserve(t *testing.T) {
+	clk := &testClock{}
+	clk.ns.Store(start.UnixNano())
+	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
+	t.Cleanup(func() { be.Close() })
+	f := newFixtureOpts(t, reserveRules("hour", "off")+`  - key: plain
+    rate_limit: {requests_per_unit: 1000, unit: hour}
+`, be, clk, Options{Reserve: config.Reserve{Mode: config.ReserveFixed, Hits: 100}, Now: clk.Now})
+	expect(t, "a fixed window without reserve", f.requestTime(t, desc("plain", "x")), rlsv3.RateLimitResponse_OK, 900)
+	expect(t, "a token bucket", f.requestTime(t, desc("bucket", "x")), rlsv3.RateLimitResponse_OK, 999)
+	expect(t, "reserve: off", f.requestTime(t, desc("user", "x")), rlsv3.RateLimitResponse_OK, 999)
+}
