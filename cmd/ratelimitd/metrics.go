@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -202,4 +203,34 @@ func registerReload(reg prometheus.Registerer, w *reload.Watcher) {
 			return 0
 		}),
 	)
+}
+
+// reserveMetrics exports, for each limit that reserves, what this replica
+// learnt and the settles it saw, under ratelimitd_reserve_.
+type reserveMetrics struct{ s *service.Service }
+
+func reserveDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(metricsNamespace, "reserve", name), help, append([]string{"domain", "rule", "limit"}, labels...), nil)
+}
+
+var (
+	reserveHitsDesc    = reserveDesc("hits", "What a request-time call of the limit holds until its cost is settled: the learnt reservation (the 95th percentile of the last costs settled) with reserve: auto, else the fixed one.")
+	reserveTTLDesc     = reserveDesc("ttl_seconds", "How long a reservation of the limit lasts when no settle releases it: twice the 99th percentile of the last check-to-settle times, 1 s to 15 min, a minute until learnt.")
+	reserveSettlesDesc = reserveDesc("settles_total", "Stream-done calls (a descriptor with its own hits_addend) of the limit this replica decided, by whether they released a reservation (released=false: it had ended, or none was made).", "released")
+)
+
+func (reserveMetrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- reserveHitsDesc
+	ch <- reserveTTLDesc
+	ch <- reserveSettlesDesc
+}
+
+func (m reserveMetrics) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range m.s.Reservations() {
+		limit := strconv.Itoa(st.Limit)
+		ch <- prometheus.MustNewConstMetric(reserveHitsDesc, prometheus.GaugeValue, float64(st.Hits), st.Domain, st.Rule, limit)
+		ch <- prometheus.MustNewConstMetric(reserveTTLDesc, prometheus.GaugeValue, st.TTL.Seconds(), st.Domain, st.Rule, limit)
+		ch <- prometheus.MustNewConstMetric(reserveSettlesDesc, prometheus.CounterValue, float64(st.Released), st.Domain, st.Rule, limit, "true")
+		ch <- prometheus.MustNewConstMetric(reserveSettlesDesc, prometheus.CounterValue, float64(st.Settles-st.Released), st.Domain, st.Rule, limit, "false")
+	}
 }

@@ -31,6 +31,7 @@ type rlsFrontEnd struct {
 	enableReset         bool
 	bounds              service.Bounds
 	maxHits             uint64
+	reserve             string
 }
 
 func (r *rlsFrontEnd) addFlags(fs *flag.FlagSet) {
@@ -48,6 +49,7 @@ func (r *rlsFrontEnd) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&r.bounds.MaxKeyLen, "max-key-bytes", service.DefaultMaxKeyLen, "longest descriptor entry key, in bytes")
 	fs.IntVar(&r.bounds.MaxValueLen, "max-value-bytes", service.DefaultMaxValueLen, "longest descriptor entry value, in bytes")
 	fs.Uint64Var(&r.maxHits, "max-hits", service.DefaultMaxHits, "largest hits_addend a request or descriptor may carry")
+	fs.StringVar(&r.reserve, "reserve", "off", "for fixed windows whose rule does not set rate_limit.reserve (rules over xDS, as Envoy AI Gateway's are): off, auto or a number of hits a request-time call (no hits_addend of its own) holds until its stream-done call (one) charges the cost; auto learns the reservation from the costs settled (docs/ai-gateway.md)")
 }
 
 func (r *rlsFrontEnd) check(flagName func(string) string) error {
@@ -85,11 +87,15 @@ func (r *rlsFrontEnd) check(flagName func(string) string) error {
 		return fmt.Errorf("invalid %s %d; it must be at least 1", flagName("max-hits"), r.maxHits)
 	}
 	r.bounds.MaxHits = r.maxHits
+	if _, err := config.ParseReserve(r.reserve); err != nil {
+		return fmt.Errorf("invalid %s %q; accepted: off, auto, or the hits a request-time call holds, 1 to 4294967295", flagName("reserve"), r.reserve)
+	}
 	return nil
 }
 
 func (r *rlsFrontEnd) build(_ context.Context, s *server) (hooks, error) {
 	overLimitHits, _ := config.ParseOverLimitHits(r.overLimitHits) // checked
+	reserve, _ := config.ParseReserve(r.reserve)                   // checked
 	st := s.stack
 	svc, err := service.New(st.main, s.source.initial, service.Options{
 		Logger: s.log, Recovery: s.recovery, Bounds: r.bounds,
@@ -97,13 +103,14 @@ func (r *rlsFrontEnd) build(_ context.Context, s *server) (hooks, error) {
 		ResponseHeaders: r.responseHeaders, HeaderNames: r.headerNames, DynamicMetadata: r.dynamicMetadata, NearLimitRatio: r.nearLimitRatio,
 		Observer: service.Tee(s.observers...), EnableReset: r.enableReset, Leases: st.leases, Global: st.global,
 		ShadowMode: r.shadowMode, QuotaMode: r.quotaMode, OverLimitHits: overLimitHits,
-		ReferenceKeys: st.referenceKeys,
+		ReferenceKeys: st.referenceKeys, Reserve: reserve,
 	})
 	if err != nil {
 		return hooks{}, err
 	}
 	s.svc = svc
 	registerService(s.reg, svc, s.source.loaded)
+	s.reg.MustRegister(reserveMetrics{svc})
 	return hooks{
 		grpc:  svc.RegisterGRPC,
 		http:  func(mux *http.ServeMux) { mux.Handle("/", svc.HTTPHandler()) },

@@ -197,6 +197,17 @@ type ExplainLimit struct {
 	// OverLimitHits is "drop" or "count": what becomes of hits beyond
 	// what remains (rate_limit.over_limit_hits, else the server's).
 	OverLimitHits string `json:"overLimitHits"`
+	// Reserve is what a request-time call of the limit holds until its
+	// cost is settled: "auto" or a number of hits (rate_limit.reserve,
+	// else the server's -reserve); omitted when it reserves nothing.
+	// ReserveHits and ReserveTTL are what the replica that answered holds
+	// now and for how long (a Go duration); Settles and SettlesReleased
+	// count the settles it saw and those that found a reservation.
+	Reserve         string `json:"reserve,omitempty"`
+	ReserveHits     uint64 `json:"reserveHits,omitempty"`
+	ReserveTTL      string `json:"reserveTtl,omitempty"`
+	Settles         uint64 `json:"settles,omitempty"`
+	SettlesReleased uint64 `json:"settlesReleased,omitempty"`
 }
 
 // ExplainLease is what the replica that answered holds of a leased
@@ -357,6 +368,7 @@ func (s *Service) descriptorExplained(dom *config.Domain, sc *scratch, i int, d 
 	ed.Why = x.Why()
 	if c.rule != nil {
 		ed.Rule = ruleExplained(c.rule, s.overLimit)
+		s.reserving.Load().explain(ed.Rule, c.rule)
 	}
 	switch c.kind {
 	case noMatch:

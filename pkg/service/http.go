@@ -135,15 +135,15 @@ func (s *Service) serveRLConfig(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(bw, "# domain %s: failure_mode %s\n", d.Name, d.FailureMode)
 		}
 		for _, rule := range d.Rules() {
-			writeRule(bw, rule, s.overLimit)
+			writeRule(bw, rule, s.overLimit, s.reserving.Load())
 		}
 	}
 	bw.Flush()
 }
 
-// writeRule writes rule r's line; overLimit is the server's
-// over_limit_hits, for the limits that do not say.
-func writeRule(w io.Writer, r *config.Rule, overLimit config.OverLimitHits) {
+// writeRule writes rule r's line; overLimit and rs are the server's
+// over_limit_hits and reservations, for the limits that do not say.
+func writeRule(w io.Writer, r *config.Rule, overLimit config.OverLimitHits, rs *reserving) {
 	if r.Unlimited {
 		fmt.Fprintf(w, "%s: unlimited, shadow_mode: %t", r.ID, r.ShadowMode)
 		if r.Name != "" {
@@ -163,7 +163,9 @@ func writeRule(w io.Writer, r *config.Rule, overLimit config.OverLimitHits) {
 		if l.Consistency != config.Exact {
 			fmt.Fprintf(w, ", consistency: %s", l.Consistency)
 		}
-		if o := l.OverLimitHits.Or(overLimit); o == config.OverLimitCount {
+		if res := rs.reserveOf(&r.Limits[i]); res.On() {
+			fmt.Fprintf(w, ", reserve: %s", res)
+		} else if o := l.OverLimitHits.Or(overLimit); o == config.OverLimitCount {
 			fmt.Fprintf(w, ", over_limit_hits: %s", o)
 		}
 		if l.UnitMultiplier > 1 {

@@ -337,3 +337,18 @@ func (s *Service) Reservations() []ReserveState {
 	}
 	return out
 }
+
+// explain fills what the limits of rule r reserve into er, r's
+// explanation.
+func (rs *reserving) explain(er *ExplainRule, r *config.Rule) {
+	for j := range er.Limits {
+		lr := rs.of(r, j)
+		if lr == nil {
+			continue
+		}
+		el, st := &er.Limits[j], lr.state()
+		el.Reserve = rs.reserveOf(&r.Limits[j]).String()
+		el.ReserveHits, el.ReserveTTL = st.Hits, st.TTL.String()
+		el.Settles, el.SettlesReleased = st.Settles, st.Released
+	}
+}

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -163,4 +164,22 @@ func TestServerDefaultReserve(t *testing.T) {
 	expect(t, "a fixed window without reserve", f.requestTime(t, desc("plain", "x")), rlsv3.RateLimitResponse_OK, 900)
 	expect(t, "a token bucket", f.requestTime(t, desc("bucket", "x")), rlsv3.RateLimitResponse_OK, 999)
 	expect(t, "reserve: off", f.requestTime(t, desc("user", "x")), rlsv3.RateLimitResponse_OK, 999)
+}
+
+// TestReserveExplained: POST /explain names each limit's reservation and
+// what this replica learnt (cold: a sixteenth of 1,000); GET /rlconfig
+// names the reservation.
+func TestReserveExplained(t *testing.T) {
+	f := newFixture(t, reserveRules("hour", "auto"))
+	f.requestTime(t, desc("user", "alice"))
+	f.streamDone(t, 80, "user", "alice")
+	code, _, body := f.http(t, "POST", "/explain", `{"domain": "ai-gateway-quota", "descriptors": [{"entries": [{"key": "user", "value": "alice"}]}]}`)
+	for _, want := range []string{`"reserve":"auto"`, `"reserveHits":63`, `"reserveTtl":"1m0s"`, `"settles":1`, `"settlesReleased":1`} {
+		if code != 200 || !strings.Contains(body, want) {
+			t.Errorf("explain lacks %s: %d %s", want, code, body)
+		}
+	}
+	if _, _, rc := f.http(t, "GET", "/rlconfig", ""); !strings.Contains(rc, "ai-gateway-quota.user: unit=HOUR requests_per_unit=1000, shadow_mode: false, algorithm: fixed_window, reserve: auto") {
+		t.Errorf("/rlconfig lacks the reservation:\n%s", rc)
+	}
 }
