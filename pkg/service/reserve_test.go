@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -181,5 +182,48 @@ func TestReserveExplained(t *testing.T) {
 	}
 	if _, _, rc := f.http(t, "GET", "/rlconfig", ""); !strings.Contains(rc, "ai-gateway-quota.user: unit=HOUR requests_per_unit=1000, shadow_mode: false, algorithm: fixed_window, reserve: auto") {
 		t.Errorf("/rlconfig lacks the reservation:\n%s", rc)
+	}
+}
+
+// BenchmarkReservations compares, on the memory backend, an exact
+// decision with the two calls of a stream that reserves: the request-time
+// call (a reservation) and the stream-done call (a settle); per call.
+func BenchmarkReservations(b *testing.B) {
+	rules, err := config.Parse(config.File{Name: "r.yaml", Data: []byte(`domain: ai-gateway-quota
+descriptors:
+  - key: exact
+    rate_limit: {requests_per_unit: 4294967295, unit: hour}
+  - key: user
+    rate_limit: {requests_per_unit: 4294967295, unit: hour, reserve: 700}
+`)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	be := memory.New(memory.Options{})
+	defer be.Close()
+	svc, err := New(be, rules, Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := desc("user", "alice")
+	done.HitsAddend = wrapperspb.UInt64(650)
+	for _, c := range []struct {
+		name  string
+		calls []*rlsv3.RateLimitRequest
+	}{
+		{"exact", []*rlsv3.RateLimitRequest{request("ai-gateway-quota", desc("exact", "alice"))}},
+		{"request_time+stream_done", []*rlsv3.RateLimitRequest{request("ai-gateway-quota", desc("user", "alice")), request("ai-gateway-quota", done)}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, req := range c.calls {
+					if _, err := svc.ShouldRateLimit(context.Background(), req); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(c.calls)), "ns/call")
+		})
 	}
 }

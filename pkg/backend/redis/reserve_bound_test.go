@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
@@ -186,4 +189,79 @@ func boundRun(t *testing.T, rng *rand.Rand, run int, s algotest.Subject, now *ti
 			t.Fatalf("run %d, window %d: %d charged, over the bound %d = N %d + excess %d + late %d", run, win, count, bound, m.n, m.excess[win], m.late[win])
 		}
 	}
+}
+
+// BenchmarkReservations compares, on a real redis-server on loopback, an
+// exact decision of a fixed window with the two calls of a stream that
+// reserves: a request-time reservation and its stream-done settle. Each
+// reports the server's time and allocations per call and, from INFO
+// commandstats, the CPU Redis spent per call (redis-µs/call), the cost an
+// operator scales Redis by. The reservation state of a key holds one slot
+// here: its streams settle before the next starts.
+func BenchmarkReservations(b *testing.B) {
+	srv := redistest.Start(b)
+	ctx := context.Background()
+	be, err := Dial(ctx, Config{URL: srv.URL}, Options{Prefix: "bench:"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 1 << 40, Window: time.Hour}
+	key := descriptorKey("bench", "user", "alice", l)
+	for _, c := range []struct {
+		name string
+		ops  []algo.Request
+	}{
+		{"exact", []algo.Request{{Key: key, Limit: l, Hits: 1}}},
+		{"reserve+settle", []algo.Request{
+			{Key: key, Limit: l, Hits: 700, Op: algo.OpReserve, Lease: algo.Lease{TTL: time.Minute}},
+			{Key: key, Limit: l, Hits: 650, Op: algo.OpSettle},
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			out := make([]algo.Decision, 1)
+			usec0, calls0 := fcallStats(b, be)
+			for b.Loop() {
+				for i := range c.ops {
+					if err := be.Decide(ctx, c.ops[i:i+1], out); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			usec, calls := fcallStats(b, be)
+			if calls > calls0 {
+				b.ReportMetric(float64(usec-usec0)/float64(calls-calls0), "redis-µs/call")
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(c.ops)), "ns/call")
+		})
+	}
+}
+
+// fcallStats returns the CPU time in µs Redis spent in FCALL and EVALSHA,
+// and their calls, from INFO commandstats.
+func fcallStats(b *testing.B, be *Backend) (usec, calls int64) {
+	info, err := be.Client().Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"cmdstat_fcall:", "cmdstat_evalsha:"} {
+			rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd)
+			if !ok {
+				continue
+			}
+			for _, kv := range strings.Split(rest, ",") {
+				k, v, _ := strings.Cut(kv, "=")
+				n, _ := strconv.ParseInt(v, 10, 64)
+				switch k {
+				case "calls":
+					calls += n
+				case "usec":
+					usec += n
+				}
+			}
+		}
+	}
+	return usec, calls
 }
