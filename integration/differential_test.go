@@ -27,14 +27,15 @@ import (
 // source outside this repository, run on loopback with its own
 // redis-server, the environment of Env and the rule files of Rules, and
 // sent each request of Steps in order; Reference names its commit and the
-// date of the run. The differential tests send the same requests to
+// date of the run. TestReferenceFixtures -record re-records them
+// (refrecord_test.go). The differential tests send the same requests to
 // ratelimitd in compatibility mode, with the same environment and rules,
 // and want the same answers, but for the differences each step lists and
 // docs/migrating.md documents. No reference is needed to run them.
 type refFixture struct {
 	Reference   map[string]string `json:"reference"`
 	Description string            `json:"description"`
-	Env         map[string]string `json:"env"`
+	Env         map[string]string `json:"env,omitempty"`
 	Rules       map[string]string `json:"rules"`
 	Steps       []refStep         `json:"steps"`
 }
@@ -44,13 +45,17 @@ type refFixture struct {
 // kills the Redis both servers count in.
 type refStep struct {
 	Note     string          `json:"note"`
-	Action   string          `json:"action"`
-	Request  json.RawMessage `json:"request"`
-	Response json.RawMessage `json:"response"`
-	Error    *struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
+	Action   string          `json:"action,omitempty"`
+	Request  json.RawMessage `json:"request,omitempty"`
+	Response json.RawMessage `json:"response,omitempty"`
+	Error    *refError       `json:"error,omitempty"`
+}
+
+// refError is a gRPC error the reference answered: its code's name and
+// its message.
+type refError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
 }
 
 // loadFixture reads testdata/reference/name.

@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/ratelimitd/ratelimitd/internal/pkitest"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
@@ -147,7 +149,8 @@ func opaqueCounts(t *testing.T, s *server) {
 // region sync, health, reflection: every service reflection lists): none
 // is answered Internal. ShouldRateLimit decides strings that are not
 // UTF-8; every other method refuses them as InvalidArgument naming the
-// field; broken messages are InvalidArgument everywhere.
+// field; broken messages are InvalidArgument everywhere. Every method
+// reflection lists must have been sent inputs (checkEveryMethodSent).
 func TestNoInputIsInternalOnAnyMethod(t *testing.T) {
 	t.Parallel()
 	// A peer region at an address nobody listens on: the region sync
@@ -186,18 +189,51 @@ func TestNoInputIsInternalOnAnyMethod(t *testing.T) {
 			t.Fatalf("reflection lists no %s: %v", want, names)
 		}
 	}
-	calls := 0
+	sent := map[protoreflect.FullName]int{}
 	for _, md := range methods {
 		for _, in := range wiretest.Inputs(md.Input()) {
-			calls++
+			sent[md.FullName()]++
 			out, err := wiretest.Call(ctx, conn, md, in.Bytes)
 			wiretest.Check(t, md, in, out, err)
 		}
 	}
-	t.Logf("%d calls to %d methods", calls, len(methods))
+	checkEveryMethodSent(t, methods, sent)
 	if logs := strings.Join(s.logLines(), "\n"); strings.Contains(logs, "panic") {
 		t.Errorf("a handler panicked:\n%s", logs)
 	}
+}
+
+// checkEveryMethodSent fails t unless every method of methods, all that
+// the server registers, was sent at least the inputs wiretest makes for
+// any request type (floor: those it makes for an empty message, the
+// broken messages), and so the whole at least that many per method: a
+// method the server serves but the inputs miss fails here.
+//
+// Shown failing against broken builds: wiretest.Inputs making no input
+// for ratelimitd.v1.PushRequest ("ratelimitd.v1.RegionSync.Push was sent
+// 0 inputs"); TestNoInputIsInternalOnAnyMethod's loop skipping streaming
+// methods (RLQS's StreamRateLimitQuotas, health's Watch, both reflection
+// services' ServerReflectionInfo).
+func checkEveryMethodSent(t *testing.T, methods []protoreflect.MethodDescriptor, sent map[protoreflect.FullName]int) {
+	t.Helper()
+	floor := len(wiretest.Inputs((&emptypb.Empty{}).ProtoReflect().Descriptor()))
+	if floor == 0 {
+		t.Fatal("wiretest makes no input for an empty message: the floor is 0")
+	}
+	total := 0
+	var counts []string
+	for _, md := range methods {
+		n := sent[md.FullName()]
+		total += n
+		counts = append(counts, fmt.Sprintf("%s %d", md.FullName(), n))
+		if n < floor {
+			t.Errorf("%s was sent %d inputs, want at least %d (those of an empty message)", md.FullName(), n, floor)
+		}
+	}
+	if total < floor*len(methods) {
+		t.Errorf("%d calls to %d methods, want at least %d", total, len(methods), floor*len(methods))
+	}
+	t.Logf("%d calls to %d methods (at least %d each):\n%s", total, len(methods), floor, strings.Join(counts, "\n"))
 }
 
 // serverMethods returns every method of every service the server's

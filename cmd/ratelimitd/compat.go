@@ -161,18 +161,7 @@ func (c *compat) refuse(format string, args ...any) {
 // cannot be honoured, such as one that would change decisions if
 // ratelimitd ran anyway.
 func compatArgs(lookupEnv func(string) (string, bool)) (args, ignored []string, from map[string]string, err error) {
-	read := map[string]bool{}
-	c := &compat{lookupEnv: func(name string) (string, bool) {
-		read[name] = true
-		return lookupEnv(name)
-	}, from: map[string]string{}}
-	c.listeners()
-	c.logging()
-	c.rules()
-	c.backend()
-	c.limits()
-	c.stats()
-	c.tracing()
+	c, read := compatRead(lookupEnv)
 	for _, name := range slices.Sorted(maps.Keys(ignoredSettings)) {
 		if v, ok := lookupEnv(name); ok && v != "" && v != ignoredDefaults[name] {
 			c.ignored = append(c.ignored, name+" ("+ignoredSettings[name]+")")
@@ -183,6 +172,24 @@ func compatArgs(lookupEnv func(string) (string, bool)) (args, ignored []string, 
 		return nil, nil, nil, fmt.Errorf("envoyproxy/ratelimit compatibility mode cannot honour its environment:\n  %s", strings.Join(c.errs, "\n  "))
 	}
 	return c.args, c.ignored, c.from, nil
+}
+
+// compatRead maps the settings compatibility mode honours to flags, and
+// returns them with the names it read.
+func compatRead(lookupEnv func(string) (string, bool)) (c *compat, read map[string]bool) {
+	read = map[string]bool{}
+	c = &compat{lookupEnv: func(name string) (string, bool) {
+		read[name] = true
+		return lookupEnv(name)
+	}, from: map[string]string{}}
+	c.listeners()
+	c.logging()
+	c.rules()
+	c.backend()
+	c.limits()
+	c.stats()
+	c.tracing()
+	return c, read
 }
 
 // listeners: the reference's ports (HTTP 8080, gRPC 8081, debug 6070),

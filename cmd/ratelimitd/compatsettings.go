@@ -4,8 +4,10 @@ import "strings"
 
 // referenceSettings is every environment variable envoyproxy/ratelimit
 // reads: the envconfig names of its Settings (src/settings/settings.go at
-// f2fb15770f7fd1c88ca6c3a1b58ee513917ace96), in its order. docs/migrating.md
-// marks each honoured, mapped, ignored or refused. Read only.
+// f2fb15770f7fd1c88ca6c3a1b58ee513917ace96), in its order, as recorded in
+// testdata/reference-settings.txt (TestReferenceSettingsFixture holds it
+// to the recording). docs/migrating.md marks each honoured, mapped,
+// ignored or refused. Read only.
 var referenceSettings = []string{
 	"HOST",
 	"PORT",

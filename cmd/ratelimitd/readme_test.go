@@ -72,10 +72,11 @@ func TestDocsNameOnlyRealFlags(t *testing.T) {
 }
 
 // subcommandFlag reports whether name is a flag of a command other than
-// serve, or of go test, that the docs may name.
+// serve, or of go test (the recorders' -record and -record-settings
+// included), that the docs may name.
 func subcommandFlag(name string) bool {
 	switch name {
-	case "h", "help", "update", "race", "run", "count", "bench", "benchmem", "timeout", "fuzz", "fuzztime", "cpuprofile", "memprofile":
+	case "h", "help", "update", "race", "run", "count", "bench", "benchmem", "timeout", "fuzz", "fuzztime", "cpuprofile", "memprofile", "record", "record-settings":
 		return true
 	}
 	return false
