@@ -336,8 +336,14 @@ func TestStreamDoneAnswerIgnored(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	res := client.Run(ctx, aigwsim.Stream{Fate: aigwsim.Complete, Cost: 50, Duration: time.Second})
 	cancel()
-	<-log.got
-	<-log.got // the stream-done call has reached the server
+	for i := range 2 { // the request-time call, then the stream-done call
+		select {
+		case <-log.got:
+		case <-time.After(5 * time.Second):
+			close(release)
+			t.Fatalf("call %d never reached the server once the downstream was gone", i+1)
+		}
+	}
 	close(release)
 	client.Wait()
 	calls := log.all()
