@@ -73,6 +73,9 @@ func (f *fake) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest)
 	f.log.mu.Lock()
 	f.log.calls = append(f.log.calls, c)
 	f.log.mu.Unlock()
+	if c.cancelled {
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	if f.answer != nil {
 		return f.answer(req)
 	}
@@ -131,6 +134,36 @@ func (c *stepClock) Sleep(ctx context.Context, d time.Duration) error {
 }
 
 func newStepClock() *stepClock { return &stepClock{now: time.Unix(1_800_000_000, 0)} }
+
+// resetClock is a stepClock whose downstream resets as soon as anything
+// sleeps on it: for a stream admitted, in the middle of the stream.
+type resetClock struct {
+	*stepClock
+	reset context.CancelFunc
+}
+
+func (c resetClock) Sleep(ctx context.Context, _ time.Duration) error {
+	c.reset()
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// arrivalClock is a stepClock on which a sleep lasts until a call has
+// reached the server: a client resetting while checking resets once its
+// request-time call is in flight.
+type arrivalClock struct {
+	*stepClock
+	got <-chan struct{}
+}
+
+func (c arrivalClock) Sleep(ctx context.Context, _ time.Duration) error {
+	select {
+	case <-c.got:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // run runs s through a client of replicas and waits for its stream-done
 // call.
@@ -216,43 +249,57 @@ func TestNoStreamDoneCall(t *testing.T) {
 	unavailable := func(*rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 		return nil, status.Error(codes.Unavailable, "redis down")
 	}
-	holdChecks := func(r *rlsv3.RateLimitRequest) bool { return r.Descriptors[0].HitsAddend == nil }
+	holdChecks := func(f *fake) {
+		f.hold = func(r *rlsv3.RateLimitRequest) bool { return r.Descriptors[0].HitsAddend == nil }
+	}
 	served := aigwsim.Stream{Fate: aigwsim.Complete, Cost: 900, Duration: time.Second}
+	// The downstream goes away when the request-time call has reached the
+	// server (reset), or once the stream is admitted (mid-stream).
+	const (
+		never = iota
+		reset
+		midStream
+	)
 	for _, c := range []struct {
 		name      string
 		setup     func(*fake)
 		cfg       aigwsim.Config
 		stream    aigwsim.Stream
-		cancel    time.Duration // cancel the downstream after this, on the wall clock; 0: never
+		gone      int // when the downstream goes away
 		want      aigwsim.Outcome
 		cancelled bool // the request-time call was cancelled in flight
 	}{
 		{name: "refused", setup: func(f *fake) { f.answer = overLimit }, stream: served, want: aigwsim.Refused},
 		{name: "check failed, failure_mode_deny", setup: func(f *fake) { f.answer = unavailable }, cfg: aigwsim.Config{FailureModeDeny: true}, stream: served, want: aigwsim.Denied},
-		{name: "check timed out, failure_mode_deny", setup: func(f *fake) { f.hold = holdChecks }, cfg: aigwsim.Config{FailureModeDeny: true, Timeout: 50 * time.Millisecond}, stream: served, want: aigwsim.Denied, cancelled: true},
+		{name: "check timed out, failure_mode_deny", setup: holdChecks, cfg: aigwsim.Config{FailureModeDeny: true, Timeout: 50 * time.Millisecond}, stream: served, want: aigwsim.Denied, cancelled: true},
 		{name: "upstream failure", stream: aigwsim.Stream{Fate: aigwsim.UpstreamFailure, Duration: time.Second}, want: aigwsim.UpstreamFailed},
 		{name: "client reset mid-stream", stream: aigwsim.Stream{Fate: aigwsim.ClientReset, Duration: time.Second}, want: aigwsim.Reset},
-		{name: "reset while checking", setup: func(f *fake) { f.hold = holdChecks }, cfg: aigwsim.Config{Clock: aigwsim.RealClock{}},
-			stream: aigwsim.Stream{Fate: aigwsim.ResetWhileChecking, Duration: 50 * time.Millisecond}, want: aigwsim.CancelledInFlight, cancelled: true},
-		{name: "downstream gone while checking", setup: func(f *fake) { f.hold = holdChecks }, cfg: aigwsim.Config{Clock: aigwsim.RealClock{}},
-			stream: served, cancel: 50 * time.Millisecond, want: aigwsim.CancelledInFlight, cancelled: true},
-		{name: "downstream gone mid-stream", cfg: aigwsim.Config{Clock: aigwsim.RealClock{}},
-			stream: aigwsim.Stream{Fate: aigwsim.Complete, Cost: 900, Duration: time.Minute}, cancel: 50 * time.Millisecond, want: aigwsim.Reset},
+		{name: "reset while checking", setup: holdChecks, stream: aigwsim.Stream{Fate: aigwsim.ResetWhileChecking}, want: aigwsim.CancelledInFlight, cancelled: true},
+		{name: "downstream gone while checking", setup: holdChecks, stream: served, gone: reset, want: aigwsim.CancelledInFlight, cancelled: true},
+		{name: "downstream gone mid-stream", stream: served, gone: midStream, want: aigwsim.Reset},
 		{name: "cost past 1e9", stream: aigwsim.Stream{Fate: aigwsim.Complete, Cost: 1_000_000_001, Duration: time.Second}, want: aigwsim.Served},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			replicas, log := serve(t, 1, c.setup)
-			cfg := c.cfg
-			cfg.Route = route
-			if cfg.Clock == nil {
-				cfg.Clock = newStepClock()
-			}
-			client := aigwsim.NewClient(cfg, replicas...)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			if c.cancel > 0 {
-				time.AfterFunc(c.cancel, cancel)
+			cfg := c.cfg
+			cfg.Route = route
+			switch {
+			case c.gone == midStream:
+				cfg.Clock = resetClock{newStepClock(), cancel}
+			case c.stream.Fate == aigwsim.ResetWhileChecking:
+				cfg.Clock = arrivalClock{newStepClock(), log.got}
+			default:
+				cfg.Clock = newStepClock()
 			}
+			if c.gone == reset {
+				go func() {
+					<-log.got
+					cancel()
+				}()
+			}
+			client := aigwsim.NewClient(cfg, replicas...)
 			res := client.Run(ctx, c.stream)
 			client.Wait()
 			// A cancelled call is logged once the fake sees it cancelled.
