@@ -37,6 +37,7 @@ var allowedDeps = map[string][]string{
 	"internal/reftest":      {},
 	"internal/wiretest":     {},
 	"internal/pkitest":      {},
+	"internal/aigwsim":      {}, // Envoy AI Gateway's two rate-limit calls, simulated (issue 31)
 	"pkg/wire":              {}, // what every server does to a request, whatever its protocol
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
