@@ -395,8 +395,16 @@ func TestStarvedPoolLooksAgainBeforeItsNextReport(t *testing.T) {
 	// The reports that saw 10 and 90 were just made.
 	atReport := share(b)
 	run(period / 5)
-	quiet(t, a, b) // the push of the look, if any
+	// The look's push reaches Envoy 2 a moment after the clock moved past
+	// it, on the stream's goroutine: quiet's 3 ms of silence may come
+	// first on a busy machine. Nothing else raises Envoy 2's share while
+	// the clock stands still (no report, no other look), so the test
+	// waits for the push, 5 s at most.
 	after := share(b)
+	for deadline := time.Now().Add(5 * time.Second); after < 75 && time.Now().Before(deadline); after = share(b) {
+		time.Sleep(time.Millisecond)
+	}
+	quiet(t, a, b)
 	t.Logf("Envoy 2's share: %.1f when its report found nothing free, %.1f a fifth of a period later; Envoy 1's: %.1f", atReport, after, share(a))
 	// Targets: a tenth of 100 split evenly, the rest by demand: 86 and 14.
 	if after < 75 {
