@@ -87,8 +87,11 @@ type Watcher struct {
 
 	reloads    atomic.Uint64
 	rejections atomic.Uint64
-	loads      atomic.Uint64 // every load attempted; for tests
-	lastReload atomic.Int64  // Unix nanoseconds; 0 when none
+	// loads counts the loads that read the path, once they have read it
+	// and before what they read is applied or rejected; for tests: a
+	// change made after it rose is seen by a later load.
+	loads      atomic.Uint64
+	lastReload atomic.Int64 // Unix nanoseconds; 0 when none
 }
 
 // New validates opts and starts watching the directory of opts.Path. The
@@ -380,9 +383,9 @@ func (w *Watcher) relevant(name string) bool {
 
 // load loads the path and applies or rejects what it finds.
 func (w *Watcher) load() {
-	w.loads.Add(1)
 	w.watchSubdirs() // directories made since the last load
 	rules, err := config.LoadOptions(w.path, w.opts)
+	w.loads.Add(1)
 	if err != nil {
 		w.rejections.Add(1)
 		w.log.Error("rules rejected", "path", w.path, "error", err)

@@ -103,7 +103,8 @@ type setup struct {
 }
 
 // start loads path, as the server does at startup, and runs a Watcher on
-// it until the test ends. It returns once the watcher's first load is done.
+// it until the test ends. It returns once the watcher's first load has
+// read the path: a change the test makes then is seen by a later load.
 func start(t *testing.T, path string, s setup) *harness {
 	t.Helper()
 	current, err := config.LoadOptions(path, s.config)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -394,8 +395,16 @@ func TestStarvedPoolLooksAgainBeforeItsNextReport(t *testing.T) {
 	// The reports that saw 10 and 90 were just made.
 	atReport := share(b)
 	run(period / 5)
-	quiet(t, a, b) // the push of the look, if any
+	// The look's push reaches Envoy 2 a moment after the clock moved past
+	// it, on the stream's goroutine: quiet's 3 ms of silence may come
+	// first on a busy machine. Nothing else raises Envoy 2's share while
+	// the clock stands still (no report, no other look), so the test
+	// waits for the push, 5 s at most.
 	after := share(b)
+	for deadline := time.Now().Add(5 * time.Second); after < 75 && time.Now().Before(deadline); after = share(b) {
+		time.Sleep(time.Millisecond)
+	}
+	quiet(t, a, b)
 	t.Logf("Envoy 2's share: %.1f when its report found nothing free, %.1f a fifth of a period later; Envoy 1's: %.1f", atReport, after, share(a))
 	// Targets: a tenth of 100 split evenly, the rest by demand: 86 and 14.
 	if after < 75 {
@@ -404,5 +413,65 @@ func TestStarvedPoolLooksAgainBeforeItsNextReport(t *testing.T) {
 	}
 	if overLimit(share(a)+after, 100) {
 		t.Errorf("shares %.1f + %.1f over the limit 100", share(a), after)
+	}
+}
+
+// TestAloneOnContendedBudgetGetsWholeLimit: a stream alone in a pool
+// whose budget is contended is targeted, and after a reload pushed, the
+// whole limit, when its demand is not a whole number of tenths of a
+// request a second. The pool announces its demand rounded up to a tenth
+// (⌈333.3·10⌉ = 3,334 units for 1,000 requests in 3 s), and the store's
+// answer counts that announcement; a target that divides by it gives
+// the stream floor(900·333.33/333.4) + 100 = 999 of 1,000, and after a
+// reload to 7/s 1,000 per 143 s instead of 1,001: 6.99/s, not 7.
+// cmd/ratelimitd's TestServeRLQSReloadPushes failed so whenever its two
+// reports came more than a millisecond apart, on a busy machine. Fails
+// against a build whose targetOf counts this replica's demand at its
+// announcement (total := max(p.demand, gDemand), before this test).
+func TestAloneOnContendedBudgetGetsWholeLimit(t *testing.T) {
+	var rules reloadable
+	rules.set(t, rulesYAML)
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	store := memory.New(memory.Options{Now: clk.Now})
+	t.Cleanup(func() { store.Close() })
+	f := startOn(t, rlqs.Options{Rules: rules.get, Budget: store}, clk)
+	st := f.rawStream(t)
+	report := func(allowed uint64, elapsed time.Duration) string {
+		t.Helper()
+		u := usage(allowed, 0, "name", "acme", "route", "/pay")
+		u.TimeElapsed = durationpb.New(elapsed)
+		resp, err := exchange(t, st, "quota", u)
+		if err != nil || len(resp.GetBucketAction()) != 1 {
+			t.Fatalf("report: %v, %v", resp, err)
+		}
+		return describe(resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy())
+	}
+	// Envoy's report as it creates the bucket: the even share, alone the
+	// whole limit, which leaves nothing free in the store: contended.
+	if got := report(1, 0); got != "1000/10s max 100" {
+		t.Fatalf("first report assigned %s, want the whole limit, 1000/10s max 100", got)
+	}
+	clk.Advance(3 * time.Second)
+	if got := report(1000, 3*time.Second); got != "1000/10s max 100" {
+		t.Fatalf("second report assigned %s, want the whole limit, 1000/10s max 100", got)
+	}
+	e, err := f.srv.Explain(t.Context(), "quota", acmeBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Replica == nil || e.Replica.Lease == nil || !e.Replica.Lease.Announced || len(e.Replica.Members) != 1 {
+		t.Fatalf("replica %+v: want one stream and a lease that announced its demand (contended)", e.Replica)
+	}
+	if m := e.Replica.Members[0]; m.Target != 1000 {
+		t.Errorf("alone, demand %.2f/s, announced as %.1f/s: target %d, want the whole limit, 1000", m.Demand, e.Replica.Lease.GlobalDemand, m.Target)
+	}
+	rules.set(t, strings.Replace(rulesYAML, "requests_per_unit: 100, unit: second", "requests_per_unit: 7, unit: second", 1))
+	f.srv.Reload()
+	push := recvWithin(t, st, 5*time.Second)
+	if push == nil || len(push.GetBucketAction()) != 1 {
+		t.Fatalf("after the reload to 7/s: pushed %v, want one assignment", push)
+	}
+	if s := push.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy(); rate(s) != 7 {
+		t.Errorf("after the reload to 7/s: pushed %s (%.3f/s), want the whole limit, 1001/2m23s (7/s)", describe(s), rate(s))
 	}
 }

@@ -1,13 +1,16 @@
 package rlqs_test
 
 import (
+	"context"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
 
+	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
@@ -150,4 +153,118 @@ func TestReloadPushWithBudget(t *testing.T) {
 		f.srv.Reload()
 		waitShare(float64(limit))
 	}
+}
+
+// once runs a function armed in it the first time it is called after.
+type once struct{ f atomic.Pointer[func()] }
+
+func (o *once) arm(f func()) { o.f.Store(&f) }
+
+func (o *once) fire() {
+	if f := o.f.Swap(nil); f != nil {
+		(*f)()
+	}
+}
+
+// hookedStore is a budget store that calls its hook as each call starts.
+type hookedStore struct {
+	algo.Backend
+	hook *once
+}
+
+func (h hookedStore) Decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
+	h.hook.fire()
+	return h.Backend.Decide(ctx, reqs, out)
+}
+
+// TestReloadDuringPushIsPushed: a second reload (40/s) that comes at any
+// point of the push of a first (50/s), or of a report, is pushed too: the
+// stream's last assignment is 40/s, without a report. Reloads arrive
+// before the push starts, as it reads the rules (a hook in Options.Rules
+// reloads right after the read), while it waits for the budget store,
+// after it was sent, and while a report is decided. Fails against a
+// build whose reassess reads the rules before it takes the stream's
+// reload flag (as before this test): the push computed with the rules
+// read just before the second reload took that reload's flag, and the
+// second reload was never pushed.
+func TestReloadDuringPushIsPushed(t *testing.T) {
+	limit := func(n string) string {
+		return strings.Replace(rulesYAML, "requests_per_unit: 100, unit: second", "requests_per_unit: "+n+", unit: second", 1)
+	}
+	for _, c := range []struct {
+		name string
+		// run makes the first reload (or a report) happen, with second
+		// (the reload to 40/s) at its point.
+		run func(f *fixture, atRules, atStore *once, st quotaStream, second func())
+	}{
+		{"before the push starts", func(f *fixture, _, _ *once, _ quotaStream, second func()) {
+			f.srv.Reload()
+			second()
+		}},
+		{"as the push reads the rules", func(f *fixture, atRules, _ *once, _ quotaStream, second func()) {
+			atRules.arm(second)
+			f.srv.Reload()
+		}},
+		{"while the push waits for the store", func(f *fixture, _, atStore *once, _ quotaStream, second func()) {
+			atStore.arm(second)
+			f.srv.Reload()
+		}},
+		{"after the push was sent", func(f *fixture, _, _ *once, st quotaStream, second func()) {
+			f.srv.Reload()
+			awaitRate(t, st, 50)
+			second()
+		}},
+		{"while a report is decided", func(f *fixture, atRules, _ *once, st quotaStream, second func()) {
+			atRules.arm(second)
+			if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(1, 0, "name", "acme", "route", "/pay")}}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var rules reloadable
+			var atRules, atStore once
+			rules.set(t, rulesYAML)
+			get := func() *config.Rules {
+				r := rules.get()
+				atRules.fire() // a reload right after the read
+				return r
+			}
+			clk := &clock{t: time.Unix(1_700_000_000, 0)}
+			store := memory.New(memory.Options{Now: clk.Now})
+			t.Cleanup(func() { store.Close() })
+			f := startOn(t, rlqs.Options{Rules: get, Budget: hookedStore{store, &atStore}, Headroom: wholeShare}, clk)
+			st := f.rawStream(t)
+			if _, err := exchange(t, st, "quota", usage(1, 0, "name", "acme", "route", "/pay")); err != nil {
+				t.Fatal(err)
+			}
+			rules.set(t, limit("50"))
+			c.run(f, &atRules, &atStore, st, func() {
+				rules.set(t, limit("40"))
+				f.srv.Reload()
+			})
+			awaitRate(t, st, 40)
+		})
+	}
+}
+
+// quotaStream is a stream the test writes reports on itself.
+type quotaStream = grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]
+
+// awaitRate reads st until acme is assigned want requests a second; it
+// fails t when that does not come within 5s.
+func awaitRate(t *testing.T, st quotaStream, want float64) {
+	t.Helper()
+	var got []string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		resp := recvWithin(t, st, time.Until(deadline))
+		for _, a := range resp.GetBucketAction() {
+			s := a.GetQuotaAssignmentAction().GetRateLimitStrategy()
+			got = append(got, describe(s))
+			if a.GetBucketId().GetBucket()["name"] == "acme" && rate(s) == want {
+				return
+			}
+		}
+	}
+	t.Fatalf("acme not assigned %v/s within 5s; assigned %v", want, got)
 }

@@ -419,6 +419,15 @@ func (s *Server) reassess(ss *stream) (_ *rlqsv3.RateLimitQuotaResponse, reloade
 	if ss.domain == "" {
 		return nil, false // no report yet: nothing assigned
 	}
+	// The flags are taken before the rules are read: a Reload that set
+	// them had its rules in force already, and one that comes after the
+	// read sets them again, for another push. Read first, a reload
+	// landing between the read and the flags would be taken here with
+	// the rules it replaced, and never pushed.
+	s.mu.Lock()
+	moved, all := ss.moved, ss.reload
+	ss.moved, ss.reload = nil, false
+	s.mu.Unlock()
 	var dom *config.Domain
 	if rules := s.opts.Rules(); rules != nil {
 		dom = rules.Domain(ss.domain)
@@ -429,8 +438,6 @@ func (s *Server) reassess(ss *stream) (_ *rlqsv3.RateLimitQuotaResponse, reloade
 	var batch []algo.Request
 	var calls []call
 	s.mu.Lock()
-	moved, all := ss.moved, ss.reload
-	ss.moved, ss.reload = nil, false
 	// After a reload every bucket is matched again; otherwise only those
 	// whose share moved.
 	keys := make([]string, 0, len(moved))

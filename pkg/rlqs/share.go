@@ -284,10 +284,20 @@ type policy struct{ floor, headroom float64 }
 // share while its demand is unknown.
 // Streams and demand are this pool's, or at least gCount streams and
 // gDemand requests per second when the streams of all replicas are
-// counted (with a Budget: see budget.go).
+// counted (with a Budget: see budget.go). gDemand, when not 0, is what
+// the pool's last call to the store showed (p.lease), this replica's
+// announcement included: that one is rounded up to a tenth of a request
+// a second (announced) and may be a few reports old, so this replica's
+// part of the total is its own demand instead. Counted at its
+// announcement, a stream alone in the pool would have less than the
+// whole limit: floor(rest · d/⌈d·10 s⌉/10 s) is one unit short of rest.
 func (p *pool) targetOf(m *member, pol policy, gCount, gDemand float64) uint64 {
 	n := max(uint64(max(p.n, 1)), uint64(gCount))
-	total := max(p.demand, gDemand)
+	total := p.demand
+	if gDemand > 0 {
+		own := float64(p.lease.leases[1].hits) / announceSpan.Seconds()
+		total += max(gDemand-own, 0)
+	}
 	floorEach := uint64(pol.floor*float64(p.limit)) / n
 	rest := p.limit - floorEach*n
 	if !m.observed {
