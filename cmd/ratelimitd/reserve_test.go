@@ -48,7 +48,7 @@ func TestServeReserve(t *testing.T) {
 	m := p.get(t, "/metrics")
 	for _, want := range []string{
 		`ratelimitd_reserve_hits{domain="ai-gateway-quota",limit="0",rule="ai-gateway-quota.backend_name_default/llm"} 100`,
-		`ratelimitd_reserve_ttl_seconds{domain="ai-gateway-quota",limit="0",rule="ai-gateway-quota.backend_name_default/llm"} 60`,
+		`ratelimitd_reserve_ttl_seconds{domain="ai-gateway-quota",limit="0",rule="ai-gateway-quota.backend_name_default/llm"} 30`,
 		`ratelimitd_reserve_settles_total{domain="ai-gateway-quota",limit="0",released="true",rule="ai-gateway-quota.backend_name_default/llm"} 1`,
 	} {
 		if !strings.Contains(m, want) {

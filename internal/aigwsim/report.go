@@ -15,6 +15,11 @@ type Window struct {
 	// Charged is the hits_addend of the stream-done calls sent in the
 	// window: the tokens spent upstream, as the server was told.
 	Charged uint64
+	// Admitted is the hits_addend of the stream-done calls of the streams
+	// whose request-time call was sent in the window, whenever they
+	// ended: what the window admitted, which a server that reserves at
+	// the request-time call bounds (docs/algorithms.md, reservations).
+	Admitted uint64
 	// Offered is the cost of the request-time calls sent in the window of
 	// streams that would have been charged had they been admitted
 	// (Complete ones): the demand. A refused stream retried counts again.
@@ -36,6 +41,10 @@ type Report struct {
 	// of them charged, over the limit.
 	FullWindows int
 	MaxRatio    float64
+	// MaxAdmittedRatio is the most any full window admitted (Admitted),
+	// over the limit; MinAdmittedUtilisation the least, over the full
+	// windows whose demand exceeded the limit.
+	MaxAdmittedRatio, MinAdmittedUtilisation float64
 	// DemandWindows counts the full windows whose demand exceeded the
 	// limit (Offered > Limit), and MinUtilisation and MeanUtilisation are
 	// Charged / Limit over them (0 when there are none).
@@ -90,6 +99,7 @@ func Measure(run Run, limit uint64, window time.Duration) Report {
 		}
 		if res.StreamDone {
 			at(res.Ended).Charged += res.Charged
+			w.Admitted += res.Charged
 		}
 	}
 	last := windowOf(run.Ended, window)
@@ -113,11 +123,15 @@ func (r *Report) summarise() {
 			continue
 		}
 		r.FullWindows++
-		ratio := w.Ratio(r.Limit)
+		ratio, admitted := w.Ratio(r.Limit), float64(w.Admitted)/float64(r.Limit)
 		r.MaxRatio = max(r.MaxRatio, ratio)
+		r.MaxAdmittedRatio = max(r.MaxAdmittedRatio, admitted)
 		if w.Offered > r.Limit {
 			if r.DemandWindows == 0 || ratio < r.MinUtilisation {
 				r.MinUtilisation = ratio
+			}
+			if r.DemandWindows == 0 || admitted < r.MinAdmittedUtilisation {
+				r.MinAdmittedUtilisation = admitted
 			}
 			r.DemandWindows++
 			sum += ratio
@@ -154,17 +168,19 @@ func windowOf(t time.Time, w time.Duration) int64 {
 func (r Report) String() string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "window (UTC)\tasked\trefused\toffered\tcharged\tlimit\tratio\tdemand > limit\t")
+	fmt.Fprintln(tw, "window (UTC)\tasked\trefused\toffered\tcharged\tadmitted\tlimit\tratio\tadmitted ratio\tdemand > limit\t")
 	for _, w := range r.Windows {
 		start := w.Start.UTC().Format("15:04:05")
 		if !w.Full {
 			start += " (partial)"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.2f\t%v\t\n", start, w.Asked, w.Refused, w.Offered, w.Charged, r.Limit, w.Ratio(r.Limit), w.Offered > r.Limit)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\t%.2f\t%v\t\n", start, w.Asked, w.Refused, w.Offered, w.Charged, w.Admitted, r.Limit,
+			w.Ratio(r.Limit), float64(w.Admitted)/float64(r.Limit), w.Offered > r.Limit)
 	}
 	tw.Flush()
 	fmt.Fprintf(&b, "max ratio over %d full windows of %v: %.3f\n", r.FullWindows, r.Window, r.MaxRatio)
 	fmt.Fprintf(&b, "utilisation in the %d full windows whose demand exceeded the limit: min %.3f, mean %.3f\n", r.DemandWindows, r.MinUtilisation, r.MeanUtilisation)
+	fmt.Fprintf(&b, "by the window that admitted each stream: max ratio %.3f, min utilisation %.3f\n", r.MaxAdmittedRatio, r.MinAdmittedUtilisation)
 	fmt.Fprintf(&b, "%d requests:", r.Requests)
 	for o := range numOutcomes {
 		fmt.Fprintf(&b, " %v %d;", o, r.Outcomes[o])

@@ -175,8 +175,9 @@ const (
 	// current, and nowhere once it has ended; without a reservation, in
 	// the current window. It is always allowed, and counts even in a
 	// refused batch ([Request.Counting]). Taken, Mark and Valid describe
-	// the reservation released: its hits, its end and the time left until
-	// it; zero when none was outstanding. Of another algorithm it decides
+	// the reservation released: its hits, its end and how long it was held
+	// (from the first reservation of its slot); zero when none was
+	// outstanding. Of another algorithm it decides
 	// as OpDecide with [Request.Count].
 	OpSettle
 )

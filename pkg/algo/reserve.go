@@ -25,31 +25,40 @@ import (
 // released, plus the costs of settles that found none (docs/algorithms.md,
 // reservations).
 //
-// Reservations are kept in [State.Log] as quadruples (end, count, hits,
-// window): count reservations of hits in all, made in the window starting
-// at window, that end at end unless settled first; ordered by end, then
-// window. Ends are rounded up to a slot of an eighth of the reservation's
-// TTL (at least 1 ms), so that the reservations of one window made within
-// a slot share a quadruple and a key keeps about nine per window they
-// span; never more than maxReservationSlots.
+// Reservations are kept in [State.Log] as entries (end, count, hits,
+// window, made): count reservations of hits in all, made in the window
+// starting at window, the first at made, that end at end unless settled
+// first; ordered by end, then window. Ends are rounded up to a slot of a
+// sixteenth of the reservation's TTL (at least 1 ms), so that the
+// reservations of one window made within a slot share an entry and a key
+// keeps about seventeen per window they span; never more than
+// maxReservationSlots. A settle reports how long the reservation it
+// released was held, from made: what a caller learns how long
+// reservations should last from, whatever TTL each replica gave them.
 
-// maxReservationSlots bounds the quadruples of a key's reservations: past
-// it, a reservation joins the latest quadruple of its window, which ends
-// no earlier than it would have.
+// maxReservationSlots bounds the entries of a key's reservations: past
+// it, a reservation joins the latest entry of its window, which ends no
+// earlier than it would have.
 const maxReservationSlots = 32
 
+// rsvStride is the integers of one entry of reservations: end, count,
+// hits, window, made.
+const rsvStride = 5
+
 // reservations are the reservations outstanding on a FixedWindow key
-// ([State.Log]): quadruples (end, count, hits, window), ordered by end,
-// then window. The methods never write into the receiver's backing array:
-// states may share it.
+// ([State.Log]): entries (end, count, hits, window, made) of count
+// reservations of hits in all, made in the window starting at window, the
+// first of them at made, that end at end unless settled first; ordered by
+// end, then window. The methods never write into the receiver's backing
+// array: states may share it.
 type reservations []int64
 
 // live returns the reservations that end after now: rs itself when none
 // ended.
 func (rs reservations) live(now int64) reservations {
 	i := 0
-	for i+3 < len(rs) && rs[i] <= now {
-		i += 4
+	for i+rsvStride <= len(rs) && rs[i] <= now {
+		i += rsvStride
 	}
 	if i == 0 {
 		return rs
@@ -61,7 +70,7 @@ func (rs reservations) live(now int64) reservations {
 // at window.
 func (rs reservations) heldIn(window int64) int64 {
 	var n int64
-	for i := 0; i+3 < len(rs); i += 4 {
+	for i := 0; i+rsvStride <= len(rs); i += rsvStride {
 		if rs[i+3] == window {
 			n += rs[i+2]
 		}
@@ -71,67 +80,75 @@ func (rs reservations) heldIn(window int64) int64 {
 
 // lastEnd returns the end of the latest reservation, 0 when none.
 func (rs reservations) lastEnd() int64 {
-	if len(rs) < 4 {
+	if len(rs) < rsvStride {
 		return 0
 	}
-	return rs[len(rs)-4]
+	return rs[len(rs)-rsvStride]
 }
 
-// with returns rs with one more reservation of hits, made in window and
-// ending at end, as a new slice.
-func (rs reservations) with(end, window, hits int64) reservations {
-	for i := 0; i+3 < len(rs); i += 4 {
+// with returns rs with one more reservation of hits, made at made in
+// window and ending at end, as a new slice.
+func (rs reservations) with(end, window, hits, made int64) reservations {
+	for i := 0; i+rsvStride <= len(rs); i += rsvStride {
 		if rs[i] == end && rs[i+3] == window {
 			out := append(reservations(nil), rs...)
 			out[i+1]++
 			out[i+2] += hits
+			out[i+4] = min(out[i+4], made)
 			return out
 		}
 	}
 	count := int64(1)
-	if len(rs)/4 >= maxReservationSlots {
-		// Join the latest quadruple of the window, which then ends at the
+	if len(rs)/rsvStride >= maxReservationSlots {
+		// Join the latest entry of the window, which then ends at the
 		// later of the two ends.
-		for i := len(rs) - 4; i >= 0; i -= 4 {
+		for i := len(rs) - rsvStride; i >= 0; i -= rsvStride {
 			if rs[i+3] == window {
-				end, count, hits = max(end, rs[i]), rs[i+1]+1, rs[i+2]+hits
-				rs = append(append(reservations(nil), rs[:i]...), rs[i+4:]...)
+				end, count, hits, made = max(end, rs[i]), rs[i+1]+1, rs[i+2]+hits, min(made, rs[i+4])
+				rs = append(append(reservations(nil), rs[:i]...), rs[i+rsvStride:]...)
 				break
 			}
 		}
 	}
-	out := make(reservations, 0, len(rs)+4)
+	out := make(reservations, 0, len(rs)+rsvStride)
 	i := 0
-	for i+3 < len(rs) && (rs[i] < end || rs[i] == end && rs[i+3] < window) {
-		i += 4
+	for i+rsvStride <= len(rs) && (rs[i] < end || rs[i] == end && rs[i+3] < window) {
+		i += rsvStride
 	}
 	out = append(out, rs[:i]...)
-	out = append(out, end, count, hits, window)
+	out = append(out, end, count, hits, window, made)
 	return append(out, rs[i:]...)
 }
 
-// release returns rs without its oldest reservation (the first
-// quadruple's share: its hits over its count, the rest going with its
-// last), as a new slice, with the hits released, the end and the window
-// of the reservation; all zero and rs itself when none is outstanding.
-func (rs reservations) release() (out reservations, hits, end, window int64) {
-	if len(rs) < 4 {
-		return rs, 0, 0, 0
+// released is a reservation a settle released.
+type released struct {
+	hits, end, window, made int64
+}
+
+// release returns rs without its oldest reservation (the first entry's
+// share: its hits over its count, the rest going with its last), as a new
+// slice, and that reservation; a zero one and rs itself when none is
+// outstanding.
+func (rs reservations) release() (reservations, released) {
+	if len(rs) < rsvStride {
+		return rs, released{}
 	}
-	end, count, held, window := rs[0], rs[1], rs[2], rs[3]
-	hits = held / max(count, 1)
+	r := released{end: rs[0], window: rs[3], made: rs[4]}
+	count, held := rs[1], rs[2]
 	if count <= 1 {
-		return rs[4:], held, end, window
+		r.hits = held
+		return rs[rsvStride:], r
 	}
-	out = append(reservations(nil), rs...)
-	out[1], out[2] = count-1, held-hits
-	return out, hits, end, window
+	r.hits = held / count
+	out := append(reservations(nil), rs...)
+	out[1], out[2] = count-1, held-r.hits
+	return out, r
 }
 
 // reservationEnd returns when a reservation made at now for ttl µs ends:
-// now + ttl rounded up to a slot of ttl/8, at least 1 ms.
+// now + ttl rounded up to a slot of ttl/16, at least 1 ms.
 func reservationEnd(now, ttl int64) int64 {
-	g := max(ttl/8, 1000)
+	g := max(ttl/16, 1000)
 	e := now + max(ttl, 1)
 	return e + floorMod(-e, g)
 }
@@ -145,7 +162,7 @@ func reserve(s *State, now int64, l Limit, hits uint64, ttl int64) Decision {
 		return v.refusal(now, hits)
 	}
 	end := reservationEnd(now, ttl)
-	live := v.live.with(end, v.start, int64(min(hits, maxCount)))
+	live := v.live.with(end, v.start, int64(min(hits, maxCount)), now)
 	*s = State{Time: v.start, Count: int64(v.used), Log: live}
 	return Decision{Allowed: true, Remaining: v.remaining - hits, ResetAfter: windowReset(now, v.end, true, live),
 		Taken: hits, Mark: end, Valid: micros(end - now)}
@@ -156,12 +173,13 @@ func reserve(s *State, now int64, l Limit, hits uint64, ttl int64) Decision {
 // current window's count, or none when that window has ended), or to the
 // current window when none is outstanding. It is always allowed: the hits
 // were spent. Taken, Mark and Valid describe the reservation released:
-// its hits, its end and the time left until it.
+// its hits, its end and how long it was held (since the first
+// reservation of its slot was made, at most a slot longer than it).
 func settle(s *State, now int64, l Limit, hits uint64) Decision {
 	v := viewWindow(s, now, l)
-	live, released, end, window := v.live.release()
+	live, r := v.live.release()
 	count := int64(v.used)
-	if end == 0 || window == v.start {
+	if r.end == 0 || r.window == v.start {
 		count = addCount(count, hits)
 	}
 	if count == 0 && len(live) == 0 {
@@ -170,8 +188,8 @@ func settle(s *State, now int64, l Limit, hits uint64) Decision {
 		*s = State{Time: v.start, Count: count, Log: live}
 	}
 	d := fixedWindow(s, now, l, 0, false)
-	if end != 0 {
-		d.Taken, d.Mark, d.Valid = uint64(released), end, micros(end-now)
+	if r.end != 0 {
+		d.Taken, d.Mark, d.Valid = uint64(r.hits), r.end, micros(max(now-r.made, 0))
 	}
 	return d
 }
@@ -223,7 +241,7 @@ func (v *windowView) refusal(now int64, hits uint64) Decision {
 		d.RetryAfter = Never
 	case v.used+hits <= v.n:
 		room, held := v.n-v.used-hits, v.held
-		for i := 0; i+3 < len(v.live) && v.live[i] < v.end; i += 4 {
+		for i := 0; i+rsvStride <= len(v.live) && v.live[i] < v.end; i += rsvStride {
 			if v.live[i+3] != v.start {
 				continue
 			}

@@ -8,9 +8,9 @@ import (
 
 // TestReservationSlotsBounded: reservations made with TTLs that change at
 // every call, so that no two share a slot, stay within
-// maxReservationSlots quadruples, hold every hit reserved, and keep their
+// maxReservationSlots entries, hold every hit reserved, and keep their
 // order; a reservation past the cap joins the latest slot of its window,
-// which ends no earlier than either. Without the cap the quadruples would
+// which ends no earlier than either. Without the cap the entries would
 // grow with every reservation.
 func TestReservationSlotsBounded(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -27,15 +27,15 @@ func TestReservationSlotsBounded(t *testing.T) {
 		}
 		reserved += hits
 		rs := reservations(s.Log)
-		if len(rs)%4 != 0 || len(rs)/4 > maxReservationSlots {
-			t.Fatalf("after %d reservations: %d values, want at most %d quadruples", i+1, len(rs), maxReservationSlots)
+		if len(rs)%rsvStride != 0 || len(rs)/rsvStride > maxReservationSlots {
+			t.Fatalf("after %d reservations: %d values, want at most %d entries", i+1, len(rs), maxReservationSlots)
 		}
 		if held := uint64(rs.heldIn(s.Time)); held != reserved {
 			t.Fatalf("after %d reservations: %d held, want %d", i+1, held, reserved)
 		}
-		for j := 4; j < len(rs); j += 4 {
-			if rs[j] < rs[j-4] {
-				t.Fatalf("quadruples out of order: %v", rs)
+		for j := rsvStride; j < len(rs); j += rsvStride {
+			if rs[j] < rs[j-rsvStride] {
+				t.Fatalf("entries out of order: %v", rs)
 			}
 		}
 		if last := rs.lastEnd(); last < d.Mark {
@@ -43,8 +43,8 @@ func TestReservationSlotsBounded(t *testing.T) {
 		}
 		now = now.Add(time.Duration(rng.Int64N(int64(time.Second))))
 	}
-	if len(s.Log)/4 != maxReservationSlots {
-		t.Fatalf("%d quadruples after 200 reservations of distinct slots, want the cap %d", len(s.Log)/4, maxReservationSlots)
+	if len(s.Log)/rsvStride != maxReservationSlots {
+		t.Fatalf("%d entries after 200 reservations of distinct slots, want the cap %d", len(s.Log)/rsvStride, maxReservationSlots)
 	}
 }
 

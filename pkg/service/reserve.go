@@ -23,26 +23,29 @@ import (
 // that cost and releases one reservation (algo.OpSettle).
 //
 // With auto, each limit learns its reservation, the 95th percentile of
-// the last costs settled, and how long a reservation lasts, twice the
-// 99th percentile of the last check-to-settle times (at least 1 s, at
-// most 15 min, longer while settles find no reservation left); until it
-// has seen reserveColdSamples costs, it reserves a sixteenth of the limit,
-// or the largest cost seen if more, for reserveColdTTL. A fixed
-// reservation learns only how long reservations last.
+// the last 256 costs settled, and how long a reservation lasts, twice the
+// 99th percentile of the last 64 check-to-settle times (at least 1 s, at
+// most 15 min, half as long again while more than 5% of settles find no
+// reservation left); until it has seen reserveColdSamples costs, it reserves a
+// sixteenth of the limit, or the largest cost seen if more, and until it
+// has seen as many times, for reserveColdTTL. A fixed reservation learns
+// only how long reservations last.
 
 const (
-	// reserveSamples is how many recent costs and times a limit learns
-	// from.
-	reserveSamples = 256
+	// reserveSamples is how many recent costs a limit learns from, and
+	// reserveTimeSamples how many check-to-settle times: fewer, so that
+	// the lifetime forgets the times of its cold start soon.
+	reserveSamples     = 256
+	reserveTimeSamples = 64
 	// reserveColdSamples is how many costs a limit sees before its
 	// reservation follows them.
-	reserveColdSamples = 20
+	reserveColdSamples = 10
 	// reserveEvery is how many settles pass between two updates of what
 	// is learnt.
-	reserveEvery = 16
+	reserveEvery = 8
 	// reserveColdTTL is how long a reservation lasts before a limit has
 	// learnt it.
-	reserveColdTTL = time.Minute
+	reserveColdTTL = 30 * time.Second
 	// reserveMinTTL and reserveMaxTTL bound a learnt lifetime.
 	reserveMinTTL = time.Second
 	reserveMaxTTL = 15 * time.Minute
@@ -51,9 +54,9 @@ const (
 	reserveCostPercentile = 0.95
 	reserveTimePercentile = 0.99
 	// reserveLateShare is the share of settles finding no reservation,
-	// over the last reserveSamples, past which the lifetime grows by half:
-	// reservations end before their streams do.
-	reserveLateShare = 0.02
+	// over a run of reserveTimeSamples settles, past which the lifetime
+	// grows by half: reservations end before their streams do.
+	reserveLateShare = 0.05
 )
 
 // learner is what one limit that reserves learns: its reservation and
@@ -71,8 +74,8 @@ type learner struct {
 	nc, nt   int      // costs and times seen
 	maxCost  uint64
 	settles  uint64 // settles seen
-	late     int    // settles of the last reserveSamples that found no reservation
-	window   int    // settles counted in late
+	late     int    // settles of the current run that found no reservation
+	window   int    // settles of the current run, up to reserveTimeSamples
 	released uint64 // settles that released a reservation
 }
 
@@ -104,22 +107,21 @@ func (lr *learner) reservation(hits uint64) (uint64, time.Duration) {
 
 // settled learns from a settle of cost that got decision d: the cost,
 // and, when it released a reservation, how long that reservation had
-// been held (its lifetime less what was left of it).
+// been held.
 func (lr *learner) settled(cost uint64, d *algo.Decision) {
 	ttl := time.Duration(lr.ttl.Load())
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	if lr.costs == nil {
-		lr.costs, lr.times = make([]uint64, reserveSamples), make([]int64, reserveSamples)
+		lr.costs, lr.times = make([]uint64, reserveSamples), make([]int64, reserveTimeSamples)
 	}
 	lr.costs[lr.nc%reserveSamples] = cost
 	lr.nc++
 	lr.maxCost = max(lr.maxCost, cost)
 	if d.Taken > 0 {
-		// The reservation was made ttl before its end, rounded up to a
-		// slot of ttl/8 (algo's reservationEnd): half a slot on average.
-		held := ttl - d.Valid + max(ttl/8, time.Millisecond)/2
-		lr.times[lr.nt%reserveSamples] = int64(max(held, 0))
+		// How long the reservation released was held, on the store's
+		// clock, whatever replica made it (algo.OpSettle).
+		lr.times[lr.nt%reserveTimeSamples] = int64(d.Valid)
 		lr.nt++
 		lr.released++
 	} else {
@@ -142,20 +144,25 @@ func (lr *learner) update(ttl time.Duration) {
 		p := percentile(lr.costs[:min(lr.nc, reserveSamples)], reserveCostPercentile)
 		lr.hits.Store(min(max(p, 1), max(lr.limit, 1)))
 	}
+	next := ttl
 	if lr.nt >= reserveColdSamples {
-		times := make([]uint64, min(lr.nt, reserveSamples))
+		times := make([]uint64, min(lr.nt, reserveTimeSamples))
 		for i := range times {
 			times[i] = uint64(lr.times[i])
 		}
-		ttl = 2 * time.Duration(percentile(times, reserveTimePercentile))
+		next = 2 * time.Duration(percentile(times, reserveTimePercentile))
 	}
-	if float64(lr.late) > reserveLateShare*float64(max(lr.window, reserveEvery)) {
-		ttl = ttl * 3 / 2 // settles outlive their reservations
-	}
-	if lr.window >= reserveSamples {
+	if lr.window >= reserveTimeSamples {
+		// Settles that found no reservation outlived theirs: the times
+		// learnt cannot show it (a reservation that ended is not
+		// released), so the lifetime grows by half while they are more
+		// than a few, judged afresh over each run of settles.
+		if float64(lr.late) > reserveLateShare*float64(lr.window) {
+			next = max(next, ttl*3/2)
+		}
 		lr.late, lr.window = 0, 0
 	}
-	lr.ttl.Store(int64(min(max(ttl, reserveMinTTL), reserveMaxTTL)))
+	lr.ttl.Store(int64(min(max(next, reserveMinTTL), reserveMaxTTL)))
 }
 
 // percentile returns the p-th percentile of xs (nearest rank), xs left

@@ -20,7 +20,9 @@ func settleStep(at time.Duration, hits uint64, want algo.Decision) LeaseStep {
 // ReserveCases returns the vectors of reservations (algo.OpReserve,
 // algo.OpSettle), hand-computed: what they hold, what a settle charges and
 // releases and where, the reservations that end on their own, and the
-// slots they share. A TTL of 800 ms rounds ends up to 100 ms.
+// slots they share. A TTL of 800 ms rounds ends up to 50 ms. A settle's
+// Valid is how long the reservation it released was held: since the
+// first reservation of its slot.
 func ReserveCases() []LeaseCase {
 	ttl := 800 * ms
 	fw := limit(algo.FixedWindow, 10, sec)
@@ -34,10 +36,10 @@ func ReserveCases() []LeaseCase {
 			// 4 do not fit: they would once the first reservation ends.
 			reserveStep(250*ms, 4, ttl, no(2, 750*ms, 650*ms)),
 			// 3 charged to the window, the oldest reservation released.
-			settleStep(300*ms, 3, took(3, 700*ms, 4, mark(900*ms), 600*ms)),
+			settleStep(300*ms, 3, took(3, 700*ms, 4, mark(900*ms), 200*ms)),
 			decide(400*ms, 0, ok(3, 600*ms)),
 			// A cost over its reservation is charged whole.
-			settleStep(500*ms, 6, took(1, 500*ms, 4, mark(sec), 500*ms)),
+			settleStep(500*ms, 6, took(1, 500*ms, 4, mark(sec), 300*ms)),
 			// With none outstanding, a settle is charged all the same:
 			// 11 of 10, and nothing fits until the window ends.
 			settleStep(600*ms, 2, ok(0, 400*ms)),
@@ -52,7 +54,7 @@ func ReserveCases() []LeaseCase {
 			reserveStep(1200*ms, 5, ttl, took(5, 800*ms, 5, mark(2*sec), 800*ms)),
 			// The oldest, the first window's, is released; its 7 are
 			// charged to that window, which has ended.
-			settleStep(1300*ms, 7, took(5, 700*ms, 5, mark(1600*ms), 300*ms)),
+			settleStep(1300*ms, 7, took(5, 700*ms, 5, mark(1600*ms), 500*ms)),
 			// The second reservation ended at 2 s.
 			decide(2100*ms, 0, ok(10, 0)),
 		}},
@@ -60,16 +62,18 @@ func ReserveCases() []LeaseCase {
 			reserveStep(100*ms, 8, ttl, took(2, 9900*ms, 8, mark(900*ms), 800*ms)),
 			reserveStep(500*ms, 5, ttl, no(2, 9500*ms, 400*ms)),
 			reserveStep(900*ms, 5, ttl, took(5, 9100*ms, 5, mark(1700*ms), 800*ms)),
-			settleStep(sec, 3, took(7, 9*sec, 5, mark(1700*ms), 700*ms)),
+			settleStep(sec, 3, took(7, 9*sec, 5, mark(1700*ms), 100*ms)),
 			// Nothing outstanding: a cost of 0 changes nothing.
 			settleStep(1100*ms, 0, ok(7, 8900*ms)),
 		}},
 		{"reservations of one slot share it, and the oldest is released first", big, []LeaseStep{
-			reserveStep(10*ms, 10, ttl, took(90, 9990*ms, 10, mark(900*ms), 890*ms)),
-			reserveStep(20*ms, 21, ttl, took(69, 9980*ms, 21, mark(900*ms), 880*ms)),
-			// Two reservations of 31 in all: one releases 15, the last 16.
-			settleStep(30*ms, 5, took(79, 9970*ms, 15, mark(900*ms), 870*ms)),
-			settleStep(40*ms, 5, took(90, 9960*ms, 16, mark(900*ms), 860*ms)),
+			// Made at 10 and 20 ms, both end at 850 ms: one slot.
+			reserveStep(10*ms, 10, ttl, took(90, 9990*ms, 10, mark(850*ms), 840*ms)),
+			reserveStep(20*ms, 21, ttl, took(69, 9980*ms, 21, mark(850*ms), 830*ms)),
+			// Two reservations of 31 in all: one releases 15, the last 16,
+			// each held since the slot's first, at 10 ms.
+			settleStep(30*ms, 5, took(79, 9970*ms, 15, mark(850*ms), 20*ms)),
+			settleStep(40*ms, 5, took(90, 9960*ms, 16, mark(850*ms), 30*ms)),
 		}},
 	}
 }

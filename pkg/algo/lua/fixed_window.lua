@@ -1,16 +1,17 @@
 -- fixed_window.lua: the twin of algo's fixedWindow, reserve and settle.
 -- State (a string "t c"): t is the start of the counted window, c the hits
 -- admitted in it. Windows are aligned to the Unix epoch. A key that holds
--- reservations (algo.OpReserve) follows them with quadruples
--- "t c end1 count1 hits1 window1 ...", ordered by end, then window (algo's
--- reservations): count reservations of hits in all, made in the window
--- starting at window, that end at end unless settled first.
+-- reservations (algo.OpReserve) follows them with entries
+-- "t c end1 count1 hits1 window1 made1 ...", ordered by end, then window
+-- (algo's reservations): count reservations of hits in all, made in the
+-- window starting at window, the first at made, that end at end unless
+-- settled first.
 do
   local plain_decode, plain_store = string_state({'t', 'c'}, same_window)
   local find, gmatch, format, concat = string.find, string.gmatch, string.format, table.concat
   local MAX_SLOTS = 32 -- algo's maxReservationSlots
 
-  -- decode reads "t c", or "t c" and the quadruples of reservations into
+  -- decode reads "t c", or "t c" and the entries of reservations into
   -- s.h.
   local function decode(v)
     local first = v and find(v, ' ', 1, true)
@@ -28,7 +29,7 @@ do
       end
       i = i + 1
     end
-    while #h % 4 ~= 0 do
+    while #h % 5 ~= 0 do
       h[#h] = nil
     end
     if #h > 0 then
@@ -59,8 +60,8 @@ do
       return nil
     end
     local i = 1
-    while i + 3 <= #h and h[i] <= now do
-      i = i + 4
+    while i + 4 <= #h and h[i] <= now do
+      i = i + 5
     end
     if i == 1 then
       return h
@@ -76,7 +77,7 @@ do
   local function rsv_held_in(h, window)
     local n = 0
     if h then
-      for i = 1, #h - 3, 4 do
+      for i = 1, #h - 4, 5 do
         if h[i + 3] == window then
           n = n + h[i + 2]
         end
@@ -87,36 +88,36 @@ do
 
   -- rsv_last_end returns the end of the last reservation of h, 0 for none.
   local function rsv_last_end(h)
-    if h == nil or #h < 4 then
+    if h == nil or #h < 5 then
       return 0
     end
-    return h[#h - 3]
+    return h[#h - 4]
   end
 
-  -- rsv_with returns h with one more reservation of hits, made in window
-  -- and ending at e.
-  local function rsv_with(h, e, window, hits)
+  -- rsv_with returns h with one more reservation of hits, made at made in
+  -- window and ending at e.
+  local function rsv_with(h, e, window, hits, made)
     h = h or {}
-    for i = 1, #h - 3, 4 do
+    for i = 1, #h - 4, 5 do
       if h[i] == e and h[i + 3] == window then
         local out = {}
         for j = 1, #h do
           out[j] = h[j]
         end
-        out[i + 1], out[i + 2] = h[i + 1] + 1, h[i + 2] + hits
+        out[i + 1], out[i + 2], out[i + 4] = h[i + 1] + 1, h[i + 2] + hits, min(h[i + 4], made)
         return out
       end
     end
     local count = 1
-    if #h / 4 >= MAX_SLOTS then
-      -- Join the latest quadruple of the window, which then ends at the
-      -- later of the two ends.
-      for i = #h - 3, 1, -4 do
+    if #h / 5 >= MAX_SLOTS then
+      -- Join the latest entry of the window, which then ends at the later
+      -- of the two ends.
+      for i = #h - 4, 1, -5 do
         if h[i + 3] == window then
-          e, count, hits = max(e, h[i]), h[i + 1] + 1, h[i + 2] + hits
+          e, count, hits, made = max(e, h[i]), h[i + 1] + 1, h[i + 2] + hits, min(made, h[i + 4])
           local rest = {}
           for j = 1, #h do
-            if j < i or j > i + 3 then
+            if j < i or j > i + 4 then
               rest[#rest + 1] = h[j]
             end
           end
@@ -126,11 +127,13 @@ do
       end
     end
     local out, i = {}, 1
-    while i + 3 <= #h and (h[i] < e or (h[i] == e and h[i + 3] < window)) do
-      out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = h[i], h[i + 1], h[i + 2], h[i + 3]
-      i = i + 4
+    while i + 4 <= #h and (h[i] < e or (h[i] == e and h[i + 3] < window)) do
+      for j = i, i + 4 do
+        out[#out + 1] = h[j]
+      end
+      i = i + 5
     end
-    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4] = e, count, hits, window
+    out[#out + 1], out[#out + 2], out[#out + 3], out[#out + 4], out[#out + 5] = e, count, hits, window, made
     for j = i, #h do
       out[#out + 1] = h[j]
     end
@@ -138,18 +141,18 @@ do
   end
 
   -- rsv_release returns h without its oldest reservation, and that
-  -- reservation's hits, end and window; h and zeros when none.
+  -- reservation's hits, end, window and made; h and zeros when none.
   local function rsv_release(h)
-    if h == nil or #h < 4 then
-      return h, 0, 0, 0
+    if h == nil or #h < 5 then
+      return h, 0, 0, 0, 0
     end
-    local e, count, held, window = h[1], h[2], h[3], h[4]
+    local e, count, held, window, made = h[1], h[2], h[3], h[4], h[5]
     if count <= 1 then
       local out = {}
-      for j = 5, #h do
+      for j = 6, #h do
         out[#out + 1] = h[j]
       end
-      return out, held, e, window
+      return out, held, e, window, made
     end
     local hits = floor(held / count)
     local out = {}
@@ -157,13 +160,13 @@ do
       out[j] = h[j]
     end
     out[2], out[3] = count - 1, held - hits
-    return out, hits, e, window
+    return out, hits, e, window, made
   end
 
   -- rsv_end returns when a reservation made at now for ttl us ends (algo's
   -- reservationEnd).
   local function rsv_end(now, ttl)
-    local g = max(floor(ttl / 8), 1000)
+    local g = max(floor(ttl / 16), 1000)
     local e = now + max(ttl, 1)
     return e + floor_mod(-e, g)
   end
@@ -213,14 +216,14 @@ do
     elseif used + hits <= n and live then
       local room = n - used - hits
       local i = 1
-      while i + 3 <= #live and live[i] < stop do
+      while i + 4 <= #live and live[i] < stop do
         if live[i + 3] == start then
           held = held - live[i + 2]
           if held <= room then
             return live[i] - now
           end
         end
-        i = i + 4
+        i = i + 5
       end
     end
     return stop - now
@@ -248,15 +251,16 @@ do
       return s, false, remaining, reset, retry_of(now, start, stop, used, held, n, live, hits), 0, 0, 0, 0
     end
     local e = rsv_end(now, ttl)
-    local h = rsv_with(live, e, start, min(hits, MAX_COUNT))
+    local h = rsv_with(live, e, start, min(hits, MAX_COUNT), now)
     return {t = start, c = used, h = h}, true, remaining - hits, reset_of(now, stop, true, h), 0, 0, hits, e, e - now
   end
   -- settle charges hits and releases the oldest reservation (algo's
   -- settle); it returns as reserve does, taken, mark and valid_us
-  -- describing the reservation released.
+  -- describing the reservation released: its hits, its end, how long it
+  -- was held.
   algorithms.fixed_window.settle = function(s, now, l, hits)
     local start, _, used, _, _, live = view(s, now, l)
-    local h, released, e, win = rsv_release(live)
+    local h, released, e, win, made = rsv_release(live)
     local c = used
     if e == 0 or win == start then
       c = add_count(c, hits)
@@ -269,7 +273,7 @@ do
     if e == 0 then
       return next, true, remaining, reset, 0, 0, 0, 0, 0
     end
-    return next, true, remaining, reset, 0, 0, released, e, e - now
+    return next, true, remaining, reset, 0, 0, released, e, max(now - made, 0)
   end
   -- count counts hits into the window of now (algo's fixedWindowCount).
   algorithms.fixed_window.count = function(s, now, l, hits)

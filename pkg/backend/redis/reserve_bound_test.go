@@ -55,7 +55,7 @@ func (m *reservationModel) reserve(now, hits, ttl int64) bool {
 	if hits > m.remaining(now) {
 		return false
 	}
-	g := max(ttl/8, 1000)
+	g := max(ttl/16, 1000)
 	end := now + ttl
 	end += ((-end % g) + g) % g
 	r := modelReservation{end, m.window(now), hits}
