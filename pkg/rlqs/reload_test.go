@@ -8,6 +8,7 @@ import (
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
@@ -123,7 +124,7 @@ func TestReloadMovesBucketsBetweenRules(t *testing.T) {
 func TestReloadPushWithBudget(t *testing.T) {
 	var rules reloadable
 	rules.set(t, rulesYAML)
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
 	f := startOn(t, rlqs.Options{Rules: rules.get, Budget: store, Headroom: wholeShare}, clk)
