@@ -38,12 +38,12 @@ var allowedDeps = map[string][]string{
 	"internal/wiretest":     {},
 	"internal/pkitest":      {},
 	"internal/clocktest":    {}, // the one fake clock of the tests
+	"internal/rlqssim":      {}, // a simulated Envoy rate_limit_quota filter, for tests
 	"pkg/wire":              {}, // what every server does to a request, whatever its protocol
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
 	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire"}, // a service: takes its budget through the algo.Backend interface
-	"pkg/rlqs/rlqssim":      {},
-	"pkg/region":            {"pkg/algo", "proto/ratelimitd/v1"}, // a backend in front of a backend, and the sync service between regions
+	"pkg/region":            {"pkg/algo", "proto/ratelimitd/v1"},               // a backend in front of a backend, and the sync service between regions
 	"pkg/xds":               {"pkg/config"},
 	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
 	"pkg/metrics/refstats":  {"pkg/config", "pkg/metrics", "pkg/service"},

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
-	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
+	"github.com/ratelimitd/ratelimitd/internal/rlqssim"
 )
 
 // Each test below checks one behaviour of Envoy's rate_limit_quota filter
