@@ -32,11 +32,11 @@ var allowedDeps = map[string][]string{
 	"pkg/backend/overlimit": {"pkg/algo"},
 	"pkg/backend/breaker":   {"pkg/algo"},
 	"pkg/backend/lease":     {"pkg/algo"},
-	"internal/redistest":    {"internal/pkitest"},
+	"internal/redistest":    {"internal/pki"},
 	"internal/xdstest":      {},
 	"internal/reftest":      {},
 	"internal/wiretest":     {},
-	"internal/pkitest":      {},
+	"internal/pki":          {}, // throwaway certificate authorities for tests and the load generator
 	"internal/clocktest":    {}, // the one fake clock of the tests
 	"internal/rlqssim":      {}, // a simulated Envoy rate_limit_quota filter, for tests
 	"pkg/wire":              {}, // what every server does to a request, whatever its protocol
@@ -57,7 +57,7 @@ var allowedDeps = map[string][]string{
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"internal/clocktest", "internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
+var stdlibOnly = []string{"internal/clocktest", "internal/pki", "internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}

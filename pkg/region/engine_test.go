@@ -22,7 +22,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
-	"github.com/ratelimitd/ratelimitd/internal/pkitest"
+	"github.com/ratelimitd/ratelimitd/internal/pki"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
@@ -45,8 +45,8 @@ type world struct {
 	engines   map[string]*Engine
 	links     map[[2]string]*link // from, to
 	ctx       context.Context
-	ca        *pkitest.CA                  // of the regions' certificates
-	certs     map[string]pkitest.Cert      // by region, naming it
+	ca        *pki.CA                      // of the regions' certificates
+	certs     map[string]pki.Cert          // by region, naming it
 	listeners map[string]*bufconn.Listener // by region
 }
 
@@ -76,7 +76,7 @@ func newWorld(t *testing.T, names []string, weights map[string]float64) *world {
 func newWorldEvery(t *testing.T, names []string, weights map[string]float64, interval time.Duration) *world {
 	t.Helper()
 	w := &world{clk: clocktest.New(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)), engines: map[string]*Engine{}, links: map[[2]string]*link{}, ctx: context.Background(),
-		ca: pkitest.NewCA(t, "regions"), certs: map[string]pkitest.Cert{}, listeners: map[string]*bufconn.Listener{}}
+		ca: pki.NewCA(t, "regions"), certs: map[string]pki.Cert{}, listeners: map[string]*bufconn.Listener{}}
 	listeners := w.listeners
 	for _, n := range names {
 		listeners[n] = bufconn.Listen(1 << 20)
@@ -332,12 +332,12 @@ func TestPushIdentity(t *testing.T) {
 	w := newWorld(t, []string{"eu", "us", "ap"}, nil)
 	start := windowOf(w.clk.Now(), time.Hour).Start
 	forged := pushOf("us", "k", start, time.Hour.Milliseconds(), 1_000_000)
-	envoy := w.ca.Issue(pkitest.Leaf{CN: "envoy", URIs: []string{"spiffe://cluster.local/ns/gw/sa/envoy"}})
-	other := pkitest.NewCA(t, "another").Region("us")
+	envoy := w.ca.Issue(pki.Leaf{CN: "envoy", URIs: []string{"spiffe://cluster.local/ns/gw/sa/envoy"}})
+	other := pki.NewCA(t, "another").Region("us")
 	ap := w.certs["ap"]
 	for _, c := range []struct {
 		name string
-		cert *pkitest.Cert
+		cert *pki.Cert
 		want codes.Code
 		msg  string
 	}{
@@ -367,7 +367,7 @@ func TestPushIdentity(t *testing.T) {
 
 // pushAs sends req to region to's listener over TLS, presenting cert (nil:
 // none), and returns the answer's error.
-func (w *world) pushAs(t *testing.T, to string, cert *pkitest.Cert, req *ratelimitdv1.PushRequest) error {
+func (w *world) pushAs(t *testing.T, to string, cert *pki.Cert, req *ratelimitdv1.PushRequest) error {
 	t.Helper()
 	conn, err := w.dial(to, w.ca.Client(cert))
 	if err != nil {
