@@ -8,6 +8,7 @@ import (
 	"go/token"
 	"io/fs"
 	"maps"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -32,18 +33,19 @@ var allowedDeps = map[string][]string{
 	"pkg/backend/overlimit": {"pkg/algo"},
 	"pkg/backend/breaker":   {"pkg/algo"},
 	"pkg/backend/lease":     {"pkg/algo"},
-	"internal/redistest":    {"internal/pkitest"},
+	"internal/redistest":    {"internal/pki"},
 	"internal/xdstest":      {},
 	"internal/reftest":      {},
 	"internal/wiretest":     {},
-	"internal/pkitest":      {},
+	"internal/pki":          {}, // throwaway certificate authorities for tests and the load generator
+	"internal/clocktest":    {}, // the one fake clock of the tests
+	"internal/rlqssim":      {}, // a simulated Envoy rate_limit_quota filter, for tests
 	"internal/aigwsim":      {}, // Envoy AI Gateway's two rate-limit calls, simulated (issue 31)
 	"pkg/wire":              {}, // what every server does to a request, whatever its protocol
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
 	"pkg/rlqs":              {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire"}, // a service: takes its budget through the algo.Backend interface
-	"pkg/rlqs/rlqssim":      {},
-	"pkg/region":            {"pkg/algo", "proto/ratelimitd/v1"}, // a backend in front of a backend, and the sync service between regions
+	"pkg/region":            {"pkg/algo", "proto/ratelimitd/v1"},               // a backend in front of a backend, and the sync service between regions
 	"pkg/xds":               {"pkg/config"},
 	"pkg/metrics":           {"pkg/backend/breaker", "pkg/config", "pkg/service"},
 	"pkg/metrics/refstats":  {"pkg/config", "pkg/metrics", "pkg/service"},
@@ -57,7 +59,7 @@ var allowedDeps = map[string][]string{
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
+var stdlibOnly = []string{"internal/clocktest", "internal/pki", "internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}
@@ -105,6 +107,83 @@ func TestDependencyDirection(t *testing.T) {
 	for p := range allowedDeps {
 		if !seen[p] {
 			t.Errorf("allowedDeps names %s, which has no Go package", p)
+		}
+	}
+}
+
+// TestCommandsImportNoTestSupport holds the commands apart from test
+// support: no non-test package under cmd/ imports, directly or through
+// other packages of ours, a package of ours named *test or *sim (a fake
+// Redis, a fake clock, a simulated Envoy). What a command needs of such a
+// package belongs in a package named for what it is, as internal/pki.
+func TestCommandsImportNoTestSupport(t *testing.T) {
+	imports := map[string][]string{} // package of ours -> the packages of ours it imports
+	var load func(rel string) error
+	load = func(rel string) error {
+		if _, done := imports[rel]; done {
+			return nil
+		}
+		pkg, err := build.ImportDir(rel, 0)
+		if err != nil {
+			return err
+		}
+		imports[rel] = nil
+		for _, imp := range pkg.Imports {
+			if ours, ok := strings.CutPrefix(imp, module+"/"); ok {
+				imports[rel] = append(imports[rel], ours)
+				if err := load(ours); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	var commands []string
+	err := filepath.WalkDir("cmd", func(dir string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case !d.IsDir():
+			return nil
+		case d.Name() == "testdata":
+			return filepath.SkipDir
+		}
+		rel := filepath.ToSlash(dir)
+		if err := load(rel); err != nil {
+			if _, none := err.(*build.NoGoError); none {
+				return nil
+			}
+			return err
+		}
+		commands = append(commands, rel)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(commands) < 2 {
+		t.Fatalf("found the commands %v under cmd/, want ratelimitd and ratelimit-bench at least", commands)
+	}
+	for _, cmd := range commands {
+		// Breadth first from the command, so that the chain reported is
+		// the shortest.
+		via := map[string]string{cmd: ""}
+		for queue := []string{cmd}; len(queue) > 0; queue = queue[1:] {
+			for _, imp := range imports[queue[0]] {
+				if _, seen := via[imp]; seen {
+					continue
+				}
+				via[imp] = queue[0]
+				queue = append(queue, imp)
+				if name := path.Base(imp); strings.HasSuffix(name, "test") || strings.HasSuffix(name, "sim") {
+					chain := []string{imp}
+					for p := via[imp]; p != ""; p = via[p] {
+						chain = append(chain, p)
+					}
+					slices.Reverse(chain)
+					t.Errorf("%s imports test support %s (%s): move what it needs to a package named for what it is", cmd, imp, strings.Join(chain, " -> "))
+				}
+			}
 		}
 	}
 }

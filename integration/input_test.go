@@ -25,7 +25,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/known/emptypb"
 
-	"github.com/ratelimitd/ratelimitd/internal/pkitest"
+	"github.com/ratelimitd/ratelimitd/internal/pki"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/internal/wiretest"
 )
@@ -163,8 +163,8 @@ func TestNoInputIsInternalOnAnyMethod(t *testing.T) {
 	l.Close()
 	// Region sync on the gRPC port needs mutual TLS there: the calls come
 	// with an Envoy's client certificate of the regions' CA.
-	ca := pkitest.NewCA(t, "regions")
-	cert, envoy := ca.Region("a"), ca.Issue(pkitest.Leaf{CN: "envoy"})
+	ca := pki.NewCA(t, "regions")
+	cert, envoy := ca.Region("a"), ca.Issue(pki.Leaf{CN: "envoy"})
 	s := startServer(t, "-enable-reset", "-region", "a", "-region-peers", "b="+peer,
 		"-grpc-tls-cert", cert.File, "-grpc-tls-key", cert.KeyFile, "-grpc-tls-client-ca", ca.File)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

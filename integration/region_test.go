@@ -22,7 +22,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/ratelimitd/ratelimitd/internal/pkitest"
+	"github.com/ratelimitd/ratelimitd/internal/pki"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -95,7 +95,7 @@ func startCluster(t *testing.T) *cluster {
 	// Region sync runs over mutual TLS on a listener of its own
 	// (-region-addr), each region's certificate naming it; Envoy's port
 	// stays plaintext.
-	ca := pkitest.NewCA(t, "regions")
+	ca := pki.NewCA(t, "regions")
 	for _, rc := range regionClocks {
 		rs := redistest.Start(t)
 		cert := ca.Region(rc.name)

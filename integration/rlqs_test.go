@@ -20,12 +20,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
-	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
+	"github.com/ratelimitd/ratelimitd/internal/rlqssim"
 )
 
 // TestRLQSReplicasShareOneLimit runs two ratelimitd processes on one real
 // Redis and four simulated Envoys, two on each, that behave as Envoy's
-// rate_limit_quota filter does (pkg/rlqs/rlqssim: token buckets, reports
+// rate_limit_quota filter does (internal/rlqssim: token buckets, reports
 // every 5 s whatever the config says, whole-second TTLs), on one bucket of
 // a 100-per-second rule:
 //

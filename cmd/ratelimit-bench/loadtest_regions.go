@@ -9,7 +9,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/ratelimitd/ratelimitd/internal/pkitest"
+	"github.com/ratelimitd/ratelimitd/internal/pki"
 )
 
 // The regions group measures what other regions cost a region: ratelimitd
@@ -101,13 +101,13 @@ func (lt *loadtest) regionsGroup(ctx context.Context, redis *child, redisAddr st
 	// The regions push to each other over mutual TLS, on listeners of
 	// their own (-region-addr), each with a certificate naming its region,
 	// as ratelimitd requires of peers; Envoy's port stays plaintext.
-	ca, err := pkitest.New(lt.dir, "ratelimit-bench regions")
+	ca, err := pki.New(lt.dir, "ratelimit-bench regions")
 	if err != nil {
 		return nil, fmt.Errorf("regions' CA: %w", err)
 	}
 	addrs := map[string]string{} // by region: where its pushes go
 	regionArgs := func(r, url string) ([]string, error) {
-		cert, err := ca.Sign(pkitest.RegionLeaf(r))
+		cert, err := ca.Sign(pki.RegionLeaf(r))
 		if err != nil {
 			return nil, fmt.Errorf("region %s's certificate: %w", r, err)
 		}

@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/ratelimitd/ratelimitd/internal/pkitest"
+	"github.com/ratelimitd/ratelimitd/internal/pki"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
@@ -62,7 +62,7 @@ func TestRegionUsageErrors(t *testing.T) {
 // does not name it stops at start, saying so: the peers would refuse every
 // push it makes.
 func TestRegionCertificateNamesTheRegion(t *testing.T) {
-	ca := pkitest.NewCA(t, "regions")
+	ca := pki.NewCA(t, "regions")
 	us := ca.Region("us")
 	code, _, errOut := runMain(t, nil, "-config", globalRules(t), "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
 		"-region", "eu", "-region-peers", "us=127.0.0.1:1", "-region-addr", "127.0.0.1:0",
@@ -106,10 +106,10 @@ func (r *relay) to(t *testing.T, upstream string) {
 // eu's listener: what it admits never reaches eu.
 func TestRegionsOverMutualTLS(t *testing.T) {
 	rules := globalRules(t)
-	ca := pkitest.NewCA(t, "regions")
+	ca := pki.NewCA(t, "regions")
 	tp := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	toEU, toUS := newRelay(t, tp, "to-eu"), newRelay(t, tp, "to-us")
-	start := func(name, peers string, ca *pkitest.CA) *inProcess {
+	start := func(name, peers string, ca *pki.CA) *inProcess {
 		c := ca.Region(name)
 		return startServe(t, true, "-config", rules, "-watch-config=false",
 			"-grpc-tls-cert", c.File, "-grpc-tls-key", c.KeyFile, "-grpc-tls-client-ca", ca.File,
@@ -121,7 +121,7 @@ func TestRegionsOverMutualTLS(t *testing.T) {
 	toUS.to(t, us.grpcAddr)
 
 	// Envoy: a client certificate of the same CA, naming no region.
-	envoy := ca.Issue(pkitest.Leaf{CN: "envoy"})
+	envoy := ca.Issue(pki.Leaf{CN: "envoy"})
 	heard(t, eu, "us")
 	heard(t, us, "eu")
 	if n := admitGlobal(t, eu.grpcAddr, ca.Client(&envoy), 60); n != 60 {
@@ -140,11 +140,11 @@ func TestRegionsOverMutualTLS(t *testing.T) {
 	}
 
 	// An impostor: region us by name, with a certificate of another CA.
-	other := pkitest.NewCA(t, "another")
+	other := pki.NewCA(t, "another")
 	toEU2 := newRelay(t, tp, "impostor-to-eu")
 	toEU2.to(t, eu.grpcAddr)
 	impostor := start("us", "eu="+toEU2.addr(), other)
-	otherEnvoy := other.Issue(pkitest.Leaf{CN: "envoy"})
+	otherEnvoy := other.Issue(pki.Leaf{CN: "envoy"})
 	if n := admitGlobal(t, impostor.grpcAddr, other.Client(&otherEnvoy), 30); n != 30 {
 		t.Fatalf("the impostor admitted %d of 30 (it knows no count of eu's)", n)
 	}
@@ -268,9 +268,9 @@ func heard(t *testing.T, p *inProcess, peer string) {
 // acme is still admitted.
 func TestRegionPushIdentity(t *testing.T) {
 	rules := globalRules(t)
-	ca := pkitest.NewCA(t, "regions")
+	ca := pki.NewCA(t, "regions")
 	euCert, usCert, apCert := ca.Region("eu"), ca.Region("us"), ca.Region("ap")
-	envoy := ca.Issue(pkitest.Leaf{CN: "envoy"})
+	envoy := ca.Issue(pki.Leaf{CN: "envoy"})
 	// Peers nobody answers at: eu's own pushes fail, which is not what is
 	// tested; a long interval keeps them few. Never heard, the peers count
 	// as cut off: eu's weight of 1000 leaves them a share of 1 each, so
@@ -298,7 +298,7 @@ func TestRegionPushIdentity(t *testing.T) {
 				Key: globalKey(t, eu), WindowStartMs: window, WindowMs: time.Hour.Milliseconds(), Count: 1_000_000}}}
 			for _, c := range []struct {
 				name string
-				cert *pkitest.Cert
+				cert *pki.Cert
 				want codes.Code
 				msg  string
 			}{

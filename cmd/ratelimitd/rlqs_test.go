@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/internal/rlqssim"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
-	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
 )
 
 // reportAlice opens a simulated Envoy's stream to p in domain posts, has

@@ -5,7 +5,7 @@ import (
 	"crypto/x509"
 	"testing"
 
-	"github.com/ratelimitd/ratelimitd/internal/pkitest"
+	"github.com/ratelimitd/ratelimitd/internal/pki"
 )
 
 // CertFiles are the PEM files of a throwaway CA and of a server
@@ -46,13 +46,13 @@ func WriteCerts(t testing.TB) CertFiles {
 // writeCerts makes a CA and a certificate for 127.0.0.1, ::1 and
 // localhost, valid for a day, and writes them in dir.
 func writeCerts(dir string) (CertFiles, error) {
-	ca, err := pkitest.New(dir, "redistest throwaway CA")
+	ca, err := pki.New(dir, "redistest throwaway CA")
 	if err != nil {
 		return CertFiles{}, err
 	}
 	// Valid for client authentication too: redis-server may present it on
 	// outgoing links.
-	c, err := ca.Sign(pkitest.Leaf{CN: "localhost", Server: true})
+	c, err := ca.Sign(pki.Leaf{CN: "localhost", Server: true})
 	if err != nil {
 		return CertFiles{}, err
 	}

@@ -2,12 +2,12 @@ package client_test
 
 import (
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -57,16 +57,10 @@ descriptors:
 // epoch is a whole minute, where the servers' clocks start.
 var epoch = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// clock is a server's clock, moved by hand.
-type clock struct{ ns atomic.Int64 }
-
-func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
 // server is a ratelimitd engine served on 127.0.0.1.
 type server struct {
 	addr  string
-	clock *clock
+	clock *clocktest.Clock // the server's clock, moved by hand
 	svc   *service.Service
 	stop  func()
 }
@@ -84,8 +78,7 @@ func serveOn(opts service.Options, realTime bool) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	clk := &clock{}
-	clk.ns.Store(epoch.UnixNano())
+	clk := clocktest.New(epoch)
 	now := clk.Now
 	if realTime {
 		clk, now = nil, time.Now

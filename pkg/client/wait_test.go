@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/client"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
 )
@@ -20,7 +21,7 @@ import (
 // sleep and moves clk (a server's clock, or nil) by it, as if it had
 // slept.
 type sleeper struct {
-	clk   *clock
+	clk   *clocktest.Clock
 	slept []time.Duration
 }
 

@@ -10,7 +10,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/breaker"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
@@ -67,14 +67,6 @@ func parseRules(t testing.TB) *config.Rules {
 	return rs
 }
 
-// stepClock is a clock that moves on by a millisecond each time it is
-// read, so that every backend call the service times takes 1ms.
-type stepClock struct{ ns atomic.Int64 }
-
-func (c *stepClock) Now() time.Time {
-	return time.Unix(1_700_000_040, c.ns.Add(int64(time.Millisecond)))
-}
-
 // newService returns a service on backend be (the memory backend when
 // nil) under the test rules, observed by m.
 func newService(t testing.TB, m *Metrics, be algo.Backend) *service.Service {
@@ -85,7 +77,9 @@ func newService(t testing.TB, m *Metrics, be algo.Backend) *service.Service {
 		be = mem
 	}
 	svc, err := service.New(be, parseRules(t), service.Options{
-		Observer: m, NearLimitRatio: 0.5, Now: (&stepClock{}).Now,
+		// A clock that moves on by a millisecond each time it is read, so
+		// that every backend call the service times takes 1ms.
+		Observer: m, NearLimitRatio: 0.5, Now: clocktest.New(time.Unix(1_700_000_040, 0)).Ticking(time.Millisecond),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -3,13 +3,13 @@ package metrics
 import (
 	"context"
 	"net"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
@@ -25,15 +25,9 @@ descriptors:
     concurrency: {max_in_flight: 1, lease_ttl: 1m}
 `
 
-// settableClock is a clock that moves only when told.
-type settableClock struct{ ns atomic.Int64 }
-
-func (c *settableClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *settableClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
 // slotService serves the own API of a service on the memory backend under
 // slotRules, observed by m, all on clk; it returns its client.
-func slotService(t *testing.T, m *Metrics, clk *settableClock) ratelimitdv1.RateLimiterClient {
+func slotService(t *testing.T, m *Metrics, clk *clocktest.Clock) ratelimitdv1.RateLimiterClient {
 	t.Helper()
 	rules, err := config.Parse(config.File{Name: "jobs.yaml", Data: []byte(slotRules)})
 	if err != nil {
@@ -71,8 +65,7 @@ var (
 // rule, and the in-flight gauge follows the slots held, each key's count
 // dropping to zero when its last slot ends.
 func TestSlots(t *testing.T) {
-	clk := &settableClock{}
-	clk.ns.Store(time.Unix(1_700_000_040, 0).UnixNano())
+	clk := clocktest.New(time.Unix(1_700_000_040, 0))
 	m, reg := newMetrics(t, Options{Now: clk.Now})
 	c := slotService(t, m, clk)
 	ctx := context.Background()
@@ -130,7 +123,7 @@ ratelimitd_concurrency_in_flight{domain="jobs",rule="jobs.idle"} 0
 // TestSlotKeysAreBounded: past MaxSlotKeys keys, new keys are left out
 // of the gauge until followed ones end; none is left out after.
 func TestSlotKeysAreBounded(t *testing.T) {
-	clk := &settableClock{}
+	clk := clocktest.New(time.Unix(0, 0))
 	m, reg := newMetrics(t, Options{Now: clk.Now})
 	report := func(key string, until time.Duration) {
 		m.Slots(&service.SlotReport{Domain: "d", Rule: "d.k", Key: []byte(key), Acquired: 1, InFlight: 1, Until: until})

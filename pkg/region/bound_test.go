@@ -110,7 +110,7 @@ func TestOvershootBound(t *testing.T) {
 					}
 				}
 			default: // time passes: a peer unheard for a second is cut off
-				w.clk.add(time.Duration(rng.IntN(700)) * time.Millisecond)
+				w.clk.Advance(time.Duration(rng.IntN(700)) * time.Millisecond)
 			}
 		}
 		var total uint64

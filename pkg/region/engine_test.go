@@ -21,29 +21,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/ratelimitd/ratelimitd/internal/pkitest"
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/pki"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
 )
-
-// clock is a fake clock the tests advance.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // link is the network between two regions, which a test can cut.
 type link struct{ down atomic.Bool }
@@ -58,12 +41,12 @@ func (l *link) intercept(ctx context.Context, method string, req, reply any, cc 
 // world is a few regions of one replica each, on memory backends and
 // memory stores, every pair of them linked over gRPC (bufconn).
 type world struct {
-	clk       *clock
+	clk       *clocktest.Clock
 	engines   map[string]*Engine
 	links     map[[2]string]*link // from, to
 	ctx       context.Context
-	ca        *pkitest.CA                  // of the regions' certificates
-	certs     map[string]pkitest.Cert      // by region, naming it
+	ca        *pki.CA                      // of the regions' certificates
+	certs     map[string]pki.Cert          // by region, naming it
 	listeners map[string]*bufconn.Listener // by region
 }
 
@@ -92,8 +75,8 @@ func newWorld(t *testing.T, names []string, weights map[string]float64) *world {
 // fails is retried a quarter interval later, in real time.
 func newWorldEvery(t *testing.T, names []string, weights map[string]float64, interval time.Duration) *world {
 	t.Helper()
-	w := &world{clk: &clock{t: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}, engines: map[string]*Engine{}, links: map[[2]string]*link{}, ctx: context.Background(),
-		ca: pkitest.NewCA(t, "regions"), certs: map[string]pkitest.Cert{}, listeners: map[string]*bufconn.Listener{}}
+	w := &world{clk: clocktest.New(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)), engines: map[string]*Engine{}, links: map[[2]string]*link{}, ctx: context.Background(),
+		ca: pki.NewCA(t, "regions"), certs: map[string]pki.Cert{}, listeners: map[string]*bufconn.Listener{}}
 	listeners := w.listeners
 	for _, n := range names {
 		listeners[n] = bufconn.Listen(1 << 20)
@@ -247,7 +230,7 @@ func TestOvershootWithinOneSyncDelay(t *testing.T) {
 		}
 	}
 	// The next window starts from nothing.
-	w.clk.add(time.Hour)
+	w.clk.Advance(time.Hour)
 	w.sync()
 	if n := w.admit(t, "eu", "k", hourly, algo.GlobalShare, 100); n != 100 {
 		t.Errorf("the next window admitted %d, want 100", n)
@@ -267,7 +250,7 @@ func TestPartitionShare(t *testing.T) {
 	}
 	w.sync()
 	w.cut("ap", true)
-	w.clk.add(2 * time.Second) // past PartitionAfter (1 s): every side counts the other as cut off
+	w.clk.Advance(2 * time.Second) // past PartitionAfter (1 s): every side counts the other as cut off
 	w.sync()
 	// ap reserves eu's and us's shares (100 each, over their 20): it may
 	// count up to 100, so 80 more. eu and us reserve ap's 100 and share
@@ -304,7 +287,7 @@ func TestPartitionExactLocal(t *testing.T) {
 		t.Fatalf("connected: eu admitted %d, want the 30 us left", n)
 	}
 	w.cut("eu", true)
-	w.clk.add(2 * time.Second)
+	w.clk.Advance(2 * time.Second)
 	w.sync()
 	if n := w.admit(t, "eu", "k", hourly, algo.GlobalExactLocal, 100); n != 70 {
 		t.Fatalf("cut off: eu admitted %d, want 70 (its own count of 30 against the whole limit)", n)
@@ -317,7 +300,7 @@ func TestWeights(t *testing.T) {
 	w := newWorld(t, []string{"eu", "us"}, map[string]float64{"eu": 3, "us": 1})
 	w.sync()
 	w.cut("us", true)
-	w.clk.add(2 * time.Second)
+	w.clk.Advance(2 * time.Second)
 	w.sync()
 	eu := w.admit(t, "eu", "k", hourly, algo.GlobalShare, 100)
 	us := w.admit(t, "us", "k", hourly, algo.GlobalShare, 100)
@@ -349,12 +332,12 @@ func TestPushIdentity(t *testing.T) {
 	w := newWorld(t, []string{"eu", "us", "ap"}, nil)
 	start := windowOf(w.clk.Now(), time.Hour).Start
 	forged := pushOf("us", "k", start, time.Hour.Milliseconds(), 1_000_000)
-	envoy := w.ca.Issue(pkitest.Leaf{CN: "envoy", URIs: []string{"spiffe://cluster.local/ns/gw/sa/envoy"}})
-	other := pkitest.NewCA(t, "another").Region("us")
+	envoy := w.ca.Issue(pki.Leaf{CN: "envoy", URIs: []string{"spiffe://cluster.local/ns/gw/sa/envoy"}})
+	other := pki.NewCA(t, "another").Region("us")
 	ap := w.certs["ap"]
 	for _, c := range []struct {
 		name string
-		cert *pkitest.Cert
+		cert *pki.Cert
 		want codes.Code
 		msg  string
 	}{
@@ -384,7 +367,7 @@ func TestPushIdentity(t *testing.T) {
 
 // pushAs sends req to region to's listener over TLS, presenting cert (nil:
 // none), and returns the answer's error.
-func (w *world) pushAs(t *testing.T, to string, cert *pkitest.Cert, req *ratelimitdv1.PushRequest) error {
+func (w *world) pushAs(t *testing.T, to string, cert *pki.Cert, req *ratelimitdv1.PushRequest) error {
 	t.Helper()
 	conn, err := w.dial(to, w.ca.Client(cert))
 	if err != nil {
@@ -410,7 +393,7 @@ func (w *world) from(region string) context.Context {
 // 2·refreshRounds rounds, even when the sibling is gone; explain reads the count from the
 // backend at once.
 func TestSiblingsCountTogether(t *testing.T) {
-	clk := &clock{t: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}
+	clk := clocktest.New(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
 	mem := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { mem.Close() })
 	store := NewMemoryStore(clk.Now)
@@ -457,7 +440,7 @@ func TestSiblingsCountTogether(t *testing.T) {
 			t.Fatalf("after %d rounds b knows %d, want 11", rounds, known(b))
 		}
 		round(b)
-		clk.add(DefaultInterval)
+		clk.Advance(DefaultInterval)
 		rounds++
 	}
 	t.Logf("b knew a's hits after %d rounds", rounds)

@@ -12,27 +12,10 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
-
-// benchClock is a clock the benchmark advances, one interval per round.
-type benchClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *benchClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *benchClock) add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // BenchmarkBudgetReports is issue 17's load on the shared budget, on the
 // memory backend as the store: -streams streams of -buckets buckets each
@@ -45,7 +28,7 @@ func BenchmarkBudgetReports(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	clk := &benchClock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	defer store.Close()
 	s, err := New(Options{Rules: func() *config.Rules { return rules }, Budget: store, Now: clk.Now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -85,7 +68,7 @@ func BenchmarkBudgetReports(b *testing.B) {
 			}()
 		}
 		wg.Wait()
-		clk.add(time.Second)
+		clk.Advance(time.Second)
 		store.Sweep()
 	}
 	for range 3 { // warm-up: every pool and lease in place

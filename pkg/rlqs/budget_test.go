@@ -12,10 +12,11 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/rlqssim"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
-	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
 )
 
 // TestReplicasShareOneBudget runs two servers (replicas) on one shared
@@ -25,7 +26,7 @@ import (
 // stream gets about a quarter, and when one ends, the others take its
 // share within two intervals.
 func TestReplicasShareOneBudget(t *testing.T) {
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
 	r1 := startOn(t, rlqs.Options{Budget: store}, clk)
@@ -89,7 +90,7 @@ func TestReplicasShareOneBudget(t *testing.T) {
 // renews its lease only every few reports, and the assignments of both
 // never sum to more than the limit.
 func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
 	r1 := startOn(t, rlqs.Options{Budget: store}, clk)
@@ -145,7 +146,7 @@ func TestBudgetNeverOversubscribed(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 17))
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
 	replicas := []*fixture{startOn(t, rlqs.Options{Budget: store}, clk), startOn(t, rlqs.Options{Budget: store}, clk), startOn(t, rlqs.Options{Budget: store}, clk)}
@@ -241,7 +242,7 @@ func (g *gate) reopen() {
 // every later report is answered, and the one whose pool renews is
 // answered while the renewal still waits for the store.
 func TestPlentifulRenewalBehindTheAnswer(t *testing.T) {
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	mem := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { mem.Close() })
 	g := &gate{Backend: mem}
@@ -291,7 +292,7 @@ func TestSharesFollowDemandAtEnvoyPhases(t *testing.T) {
 	const period = 500 // 10 ms steps
 	for seed := range uint64(48) {
 		rng := rand.New(rand.NewPCG(seed, 1))
-		clk := &clock{t: time.Unix(1_700_000_000, 0)}
+		clk := clocktest.New(time.Unix(1_700_000_000, 0))
 		store := memory.New(memory.Options{Now: clk.Now})
 		r1 := startOn(t, rlqs.Options{Budget: store}, clk)
 		r2 := startOn(t, rlqs.Options{Budget: store}, clk)
@@ -360,7 +361,7 @@ func TestSharesFollowDemandAtEnvoyPhases(t *testing.T) {
 // rises before its next report, not a whole period late.
 func TestStarvedPoolLooksAgainBeforeItsNextReport(t *testing.T) {
 	const period = 500 // 10 ms steps: 5 s
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now})
 	defer store.Close()
 	r1 := startOn(t, rlqs.Options{Budget: store}, clk)
@@ -431,7 +432,7 @@ func TestStarvedPoolLooksAgainBeforeItsNextReport(t *testing.T) {
 func TestAloneOnContendedBudgetGetsWholeLimit(t *testing.T) {
 	var rules reloadable
 	rules.set(t, rulesYAML)
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
 	f := startOn(t, rlqs.Options{Rules: rules.get, Budget: store}, clk)

@@ -10,16 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/rlqssim"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
-	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
 )
 
 // TestExplain: an explanation names the rule a bucket id matches and the
 // Envoy rate of its limit, this replica's streams and lease, and the
 // budget all replicas hold in the store, and reading it changes nothing.
 func TestExplain(t *testing.T) {
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
 	r1 := startOn(t, rlqs.Options{Budget: store}, clk)

@@ -10,6 +10,7 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
@@ -126,7 +127,7 @@ func TestReloadMovesBucketsBetweenRules(t *testing.T) {
 func TestReloadPushWithBudget(t *testing.T) {
 	var rules reloadable
 	rules.set(t, rulesYAML)
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
 	f := startOn(t, rlqs.Options{Rules: rules.get, Budget: store, Headroom: wholeShare}, clk)
@@ -230,7 +231,7 @@ func TestReloadDuringPushIsPushed(t *testing.T) {
 				atRules.fire() // a reload right after the read
 				return r
 			}
-			clk := &clock{t: time.Unix(1_700_000_000, 0)}
+			clk := clocktest.New(time.Unix(1_700_000_000, 0))
 			store := memory.New(memory.Options{Now: clk.Now})
 			t.Cleanup(func() { store.Close() })
 			f := startOn(t, rlqs.Options{Rules: get, Budget: hookedStore{store, &atStore}, Headroom: wholeShare}, clk)

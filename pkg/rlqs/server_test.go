@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,9 +21,10 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/rlqssim"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
-	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
 )
 
 // rulesYAML is the rule file of the tests. Bucket ids are matched with their
@@ -54,74 +54,25 @@ descriptors:
 // the demand it reported.
 var wholeShare = math.Inf(1)
 
-// clock is a fake clock the tests advance.
-type clock struct {
-	mu     sync.Mutex
-	t      time.Time
-	timers []clockTimer
-}
-
-// clockTimer is a function an AfterFunc of the clock runs at a time.
-type clockTimer struct {
-	at time.Time
-	f  func()
-}
-
-// AfterFunc runs f once Advance moved the clock d on: the Server's
-// Options.AfterFunc on this clock.
-func (c *clock) AfterFunc(d time.Duration, f func()) {
-	c.mu.Lock()
-	c.timers = append(c.timers, clockTimer{at: c.t.Add(d), f: f})
-	c.mu.Unlock()
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Advance moves the clock d on and runs, in the order they were set,
-// the functions of AfterFunc that are due.
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	var due []func()
-	kept := c.timers[:0]
-	for _, tm := range c.timers {
-		if tm.at.After(c.t) {
-			kept = append(kept, tm)
-		} else {
-			due = append(due, tm.f)
-		}
-	}
-	clear(c.timers[len(kept):])
-	c.timers = kept
-	c.mu.Unlock()
-	for _, f := range due {
-		f()
-	}
-}
-
 type fixture struct {
 	srv   *rlqs.Server
 	conn  *grpc.ClientConn
-	clock *clock
+	clock *clocktest.Clock
 }
 
 func start(t *testing.T, opts rlqs.Options) *fixture {
 	t.Helper()
-	return startOn(t, opts, &clock{t: time.Unix(1_700_000_000, 0)})
+	return startOn(t, opts, clocktest.New(time.Unix(1_700_000_000, 0)))
 }
 
 // startOn starts a server on clock clk, which several fixtures may share.
-func startOn(t *testing.T, opts rlqs.Options, clk *clock) *fixture {
+func startOn(t *testing.T, opts rlqs.Options, clk *clocktest.Clock) *fixture {
 	t.Helper()
 	return startWith(t, opts, clk)
 }
 
 // startWith is startOn with options for the gRPC server.
-func startWith(t *testing.T, opts rlqs.Options, clk *clock, serverOpts ...grpc.ServerOption) *fixture {
+func startWith(t *testing.T, opts rlqs.Options, clk *clocktest.Clock, serverOpts ...grpc.ServerOption) *fixture {
 	t.Helper()
 	if opts.Rules == nil {
 		rules, err := config.Parse(config.File{Name: "quota.yaml", Data: []byte(rulesYAML)})

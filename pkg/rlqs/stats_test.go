@@ -11,9 +11,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/rlqssim"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
-	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
 )
 
 // TestStats: the counts follow streams, buckets, reports, the assignments
@@ -86,7 +87,7 @@ func TestStats(t *testing.T) {
 // the store's operations are counted by kind, and a stream that ends
 // gives its pools' leases back.
 func TestStatsBudget(t *testing.T) {
-	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_700_000_000, 0))
 	store := memory.New(memory.Options{Now: clk.Now})
 	t.Cleanup(func() { store.Close() })
 	f := startOn(t, rlqs.Options{Budget: store}, clk)

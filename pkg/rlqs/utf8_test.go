@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/wiretest"
 	"github.com/ratelimitd/ratelimitd/pkg/rlqs"
 	"github.com/ratelimitd/ratelimitd/pkg/wire"
@@ -29,7 +30,7 @@ import (
 // header.
 func TestBucketIDNotUTF8(t *testing.T) {
 	var logs bytes.Buffer
-	f := startWith(t, rlqs.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, &clock{t: time.Unix(1_700_000_000, 0)},
+	f := startWith(t, rlqs.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, clocktest.New(time.Unix(1_700_000_000, 0)),
 		wire.DecodeOptions(rlqs.Tolerance())...) // as ratelimitd serves it
 	srv, clk, conn := f.srv, f.clock, f.conn
 	ctx := ctxT(t)
@@ -92,7 +93,7 @@ func TestBucketIDNotUTF8(t *testing.T) {
 // bytes: the domain comes from Envoy's config, not from headers
 // (rlqs.Tolerance).
 func TestDomainNotUTF8(t *testing.T) {
-	f := startWith(t, rlqs.Options{}, &clock{t: time.Unix(1_700_000_000, 0)}, wire.DecodeOptions(rlqs.Tolerance())...)
+	f := startWith(t, rlqs.Options{}, clocktest.New(time.Unix(1_700_000_000, 0)), wire.DecodeOptions(rlqs.Tolerance())...)
 	st, err := f.conn.NewStream(ctxT(t), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true},
 		"/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas", wiretest.CallOption())
 	if err != nil {

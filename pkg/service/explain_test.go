@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
@@ -440,8 +441,7 @@ func (b *recordingBackend) Decide(ctx context.Context, reqs []algo.Request, out 
 // it for real: the decision sees every limit whole, and the backend is
 // asked about exactly the keys the explanation named.
 func TestExplainConsumesNothing(t *testing.T) {
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	mem := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { mem.Close() })
 	be := &recordingBackend{Backend: mem}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/key"
 	"github.com/ratelimitd/ratelimitd/pkg/region"
@@ -32,8 +33,7 @@ descriptors:
 // API admits the 30 left, reports what remains of the global limit, and
 // POST /explain shows every region's count.
 func TestGlobalLimitThroughTheService(t *testing.T) {
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	store := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { store.Close() })
 	eng, err := region.New(store, region.Options{

@@ -15,6 +15,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
@@ -24,8 +25,7 @@ var styles = []HeaderStyle{HeadersRateLimit, HeadersXRateLimit, HeadersStructure
 // newHeaderFixture is newFixture answering with headers of style h.
 func newHeaderFixture(t testing.TB, rules string, h HeaderStyle) *fixture {
 	t.Helper()
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { be.Close() })
 	return newFixtureOpts(t, rules, be, clk, Options{ResponseHeaders: h})
@@ -363,13 +363,12 @@ func TestNoHeaders(t *testing.T) {
 func TestResponseHeadersByFailureMode(t *testing.T) {
 	req := request("messaging", desc("to_number", "1"))
 	for _, mode := range []config.FailureMode{config.FailOpen, config.FailClosed} {
-		f := newFixtureOpts(t, testRules, failingBackend{}, &testClock{}, Options{FailureMode: mode, ResponseHeaders: HeadersRateLimit})
+		f := newFixtureOpts(t, testRules, failingBackend{}, new(clocktest.Clock), Options{FailureMode: mode, ResponseHeaders: HeadersRateLimit})
 		if resp := f.call(t, req); resp.ResponseHeadersToAdd != nil {
 			t.Errorf("failure mode %s: %v", mode, resp)
 		}
 	}
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	fallback := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	defer fallback.Close()
 	f := newFixtureOpts(t, testRules, failingBackend{}, clk, Options{FailureMode: config.FailLocal, Fallback: fallback, ResponseHeaders: HeadersRateLimit})
@@ -479,8 +478,7 @@ descriptors:
   - {key: quota, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 0}}
   - {key: free, rate_limit: {unlimited: true}}
 `
-	clk := &testClock{}
-	clk.ns.Store(start.Add(12*time.Second + 300*time.Millisecond).UnixNano()) // 12.3 s into a minute
+	clk := clocktest.New(start.Add(12*time.Second + 300*time.Millisecond)) // 12.3 s into a minute
 	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { be.Close() })
 	// As in compatibility mode, every hit counts.

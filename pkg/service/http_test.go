@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
 
@@ -91,7 +92,7 @@ func TestJSONEndpointErrors(t *testing.T) {
 		t.Fatalf("GET /json: %d, Allow %q", code, hdr.Get("Allow"))
 	}
 
-	f = newFixtureOpts(t, testRules, failingBackend{}, &testClock{}, Options{FailureMode: config.FailError})
+	f = newFixtureOpts(t, testRules, failingBackend{}, new(clocktest.Clock), Options{FailureMode: config.FailError})
 	code, _, got := f.http(t, "POST", "/json", `{"domain": "messaging", "descriptors": [{"entries": [{"key": "to_number", "value": "1"}]}]}`)
 	if code != http.StatusServiceUnavailable || !strings.Contains(got, errBackendUnavailable) || strings.Contains(got, "connection refused") {
 		t.Fatalf("failing backend: %d %s", code, got)

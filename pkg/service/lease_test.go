@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/lease"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
@@ -26,8 +27,7 @@ descriptors:
 // leased with what this replica holds of it, and POST /explain says the
 // same, while the exact limit of the rule reports none.
 func TestLeasedLimitsShowTheirLeases(t *testing.T) {
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	store := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { store.Close() })
 	eng, err := lease.New(store, lease.Options{Now: clk.Now, Manual: true})

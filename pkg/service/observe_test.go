@@ -9,6 +9,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 )
@@ -57,8 +58,7 @@ func itoa(n uint64) string {
 // backend call is reported per request.
 func TestObserver(t *testing.T) {
 	rules := testRules
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	rec := &recorder{}
 	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	f := newFixtureOpts(t, rules, be, clk, Options{Observer: rec, NearLimitRatio: 0.5})
@@ -137,8 +137,7 @@ func TestTeeReports(t *testing.T) {
 	if Tee(nil, nil) != nil {
 		t.Error("Tee of nil observers is not nil")
 	}
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	plain, rep := &recorder{}, &reporter{}
 	if Tee(rep, nil) != Observer(rep) {
 		t.Error("Tee of one observer is not that observer")

@@ -15,6 +15,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
@@ -97,8 +98,7 @@ func TestTokenCostsTable(t *testing.T) {
 // Redis deciding by the test's clock.
 func costFixture(t *testing.T, backend, rules string, opts Options) *fixture {
 	t.Helper()
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	opts.Now = clk.Now
 	var be algo.Backend
 	switch backend {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
@@ -29,8 +30,7 @@ func ownDesc(kv ...string) *ratelimitdv1.Descriptor {
 }
 
 func newOwnFixture(t *testing.T, opts Options) (*fixture, ratelimitdv1.RateLimiterClient) {
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { be.Close() })
 	f := newFixtureOpts(t, ownRules, be, clk, opts)

@@ -13,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/redis"
 )
@@ -83,9 +84,8 @@ func mixedFleet(t *testing.T, reference bool) (*fixture, referencePod) {
 	srv := redistest.Start(t)
 	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { rdb.Close() })
-	clk := &testClock{}
 	// Ten minutes and a half into an hour: every window is mid-way.
-	clk.ns.Store(time.Unix(1_700_000_000/3600*3600+630, 250_000_000).UnixNano())
+	clk := clocktest.New(time.Unix(1_700_000_000/3600*3600+630, 250_000_000))
 	prefix := fmt.Sprintf("mixed%d:", time.Now().UnixNano())
 	be := redis.New(rdb, redis.Options{Prefix: prefix, Now: clk.Now})
 	f := newFixtureOpts(t, mixedRules, be, clk, Options{Now: clk.Now, ReferenceKeys: reference})

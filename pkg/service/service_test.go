@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
@@ -89,32 +90,26 @@ type fixture struct {
 	svc    *Service
 	client rlsv3.RateLimitServiceClient
 	conn   *grpc.ClientConn
-	clock  *testClock
+	clock  *clocktest.Clock
 }
-
-type testClock struct{ ns atomic.Int64 }
-
-func (c *testClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *testClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
 // newFixture serves a Service over an in-memory gRPC connection, on the
 // memory backend with a test clock.
 func newFixture(t testing.TB, rules string) *fixture {
 	t.Helper()
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { be.Close() })
 	return newFixtureWith(t, rules, be, clk)
 }
 
-func newFixtureWith(t testing.TB, rules string, be algo.Backend, clk *testClock) *fixture {
+func newFixtureWith(t testing.TB, rules string, be algo.Backend, clk *clocktest.Clock) *fixture {
 	t.Helper()
 	return newFixtureOpts(t, rules, be, clk, Options{})
 }
 
 // newFixtureOpts is newFixtureWith with the service's options.
-func newFixtureOpts(t testing.TB, rules string, be algo.Backend, clk *testClock, opts Options) *fixture {
+func newFixtureOpts(t testing.TB, rules string, be algo.Backend, clk *clocktest.Clock, opts Options) *fixture {
 	t.Helper()
 	rs, err := config.Parse(config.File{Name: "rules.yaml", Data: []byte(rules)})
 	if err != nil {
@@ -445,8 +440,7 @@ descriptors:
   - {key: shadowzero, shadow_mode: true, rate_limit: {unit: minute, requests_per_unit: 0}}
   - {key: free, rate_limit: {unlimited: true}}
 `
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { be.Close() })
 	f := newFixtureOpts(t, rules, be, clk, Options{QuotaMode: true})
@@ -479,8 +473,7 @@ descriptors:
 // TestGlobalShadowMode: the service's ShadowMode answers OK overall while
 // each descriptor is decided, counted and reported as usual.
 func TestGlobalShadowMode(t *testing.T) {
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { be.Close() })
 	f := newFixtureOpts(t, quotaRules, be, clk, Options{ShadowMode: true})
@@ -613,7 +606,7 @@ func (failingBackend) Decide(context.Context, []algo.Request, []algo.Decision) e
 }
 
 func TestBackendFailureIsUnavailable(t *testing.T) {
-	f := newFixtureOpts(t, testRules, failingBackend{}, &testClock{}, Options{FailureMode: config.FailError})
+	f := newFixtureOpts(t, testRules, failingBackend{}, new(clocktest.Clock), Options{FailureMode: config.FailError})
 	_, err := f.client.ShouldRateLimit(context.Background(), request("messaging", desc("to_number", "1")))
 	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != errBackendUnavailable {
 		t.Fatalf("got %v, want Unavailable with the generic message (the cause, which may name Redis, is logged)", err)
@@ -649,7 +642,7 @@ func TestFailureModes(t *testing.T) {
 		{"local without a fallback is open", config.FailLocal, "", ok, []rlsv3.RateLimitResponse_Code{ok, ok, ok}, config.FailOpen},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixtureOpts(t, tc.domain+testRules, failingBackend{}, &testClock{}, Options{FailureMode: tc.server})
+			f := newFixtureOpts(t, tc.domain+testRules, failingBackend{}, new(clocktest.Clock), Options{FailureMode: tc.server})
 			resp := f.call(t, req)
 			if resp.OverallCode != tc.want {
 				t.Fatalf("overall %v, want %v: %v", resp.OverallCode, tc.want, resp)
@@ -672,8 +665,7 @@ func TestFailureModes(t *testing.T) {
 // TestFailureModeLocal decides with the fallback while the backend fails,
 // each limit cut to the replica's share.
 func TestFailureModeLocal(t *testing.T) {
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	fallback := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	f := newFixtureOpts(t, testRules, failingBackend{}, clk, Options{FailureMode: config.FailLocal, Fallback: fallback, LocalShare: 0.25})
 	req := request("messaging", desc("to_number", "1"))
@@ -695,8 +687,7 @@ func TestFailureModeLocal(t *testing.T) {
 // with the count of lines held back, never once per request.
 func TestFailureLogIsBounded(t *testing.T) {
 	var buf bytes.Buffer
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	rs, err := config.Parse(config.File{Name: "rules.yaml", Data: []byte(testRules)})
 	if err != nil {
 		t.Fatal(err)
@@ -725,7 +716,7 @@ func TestFailureLogIsBounded(t *testing.T) {
 // TestCallerDeadlineIsNotAFailure: a caller that gave up gets its own
 // error, not a decision by the failure mode.
 func TestCallerDeadlineIsNotAFailure(t *testing.T) {
-	f := newFixtureOpts(t, testRules, failingBackend{}, &testClock{}, Options{FailureMode: config.FailClosed})
+	f := newFixtureOpts(t, testRules, failingBackend{}, new(clocktest.Clock), Options{FailureMode: config.FailClosed})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err := f.svc.ShouldRateLimit(ctx, request("messaging", desc("to_number", "1")))

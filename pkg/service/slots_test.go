@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 	"github.com/ratelimitd/ratelimitd/pkg/config"
 	ratelimitdv1 "github.com/ratelimitd/ratelimitd/proto/ratelimitd/v1"
@@ -63,8 +64,7 @@ type slotFixture struct {
 }
 
 func newSlotFixture(t *testing.T) *slotFixture {
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	be := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { be.Close() })
 	ev := &slotEvents{n: map[string]uint64{}}
@@ -333,7 +333,7 @@ func TestAcquireFailureModes(t *testing.T) {
 		{config.FailError, false, codes.Unavailable},
 	} {
 		t.Run(string(tc.mode), func(t *testing.T) {
-			f := newFixtureOpts(t, slotRules, failingBackend{}, &testClock{}, Options{FailureMode: tc.mode})
+			f := newFixtureOpts(t, slotRules, failingBackend{}, new(clocktest.Clock), Options{FailureMode: tc.mode})
 			c := ratelimitdv1.NewRateLimiterClient(f.conn)
 			ctx := context.Background()
 			resp, err := c.Acquire(ctx, &ratelimitdv1.AcquireRequest{Domain: "jobs", Descriptors: []*ratelimitdv1.Descriptor{ownDesc("export", "e")}})
@@ -357,8 +357,7 @@ func TestAcquireFailureModes(t *testing.T) {
 // TestFailureModeLocalHoldsSlots: with the backend down, failure mode
 // local holds slots in the fallback, cut to the replica's share.
 func TestFailureModeLocalHoldsSlots(t *testing.T) {
-	clk := &testClock{}
-	clk.ns.Store(start.UnixNano())
+	clk := clocktest.New(start)
 	fallback := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	f := newFixtureOpts(t, slotRules, failingBackend{}, clk, Options{FailureMode: config.FailLocal, Fallback: fallback, LocalShare: 0.5})
 	c := ratelimitdv1.NewRateLimiterClient(f.conn)

@@ -8,11 +8,11 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 )
@@ -44,26 +44,8 @@ func (f *faulty) Decide(ctx context.Context, reqs []algo.Request, out []algo.Dec
 	return f.inner.Decide(ctx, reqs, out)
 }
 
-// clock is a settable clock.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
-func setup(t *testing.T) (*Breaker, *faulty, *clock, *[]string) {
-	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+func setup(t *testing.T) (*Breaker, *faulty, *clocktest.Clock, *[]string) {
+	clk := clocktest.New(time.Unix(1_800_000_000, 0))
 	f := &faulty{inner: memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})}
 	var changes []string
 	b := New(f, Options{Timeout: 20 * time.Millisecond, Failures: 3, Cooldown: time.Second, Now: clk.Now,
@@ -103,7 +85,7 @@ func TestOpensAfterConsecutiveFailures(t *testing.T) {
 	}
 
 	// After the cooldown one probe goes through; it fails: open again.
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	if err := decide(b); !errors.Is(err, errBackend) {
 		t.Fatalf("probe: %v, want the backend's error", err)
 	}
@@ -116,7 +98,7 @@ func TestOpensAfterConsecutiveFailures(t *testing.T) {
 
 	// The backend recovers; the next probe closes the circuit.
 	f.mode.Store(0)
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	if err := decide(b); err != nil {
 		t.Fatalf("probe of a healthy backend: %v", err)
 	}
@@ -164,7 +146,7 @@ func TestOneProbeAtATime(t *testing.T) {
 	}
 	f.mode.Store(0)
 	f.release = make(chan struct{})
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	probeDone := make(chan error)
 	go func() { probeDone <- decide(b) }()
 	for f.calls.Load() != 4 {
@@ -306,7 +288,7 @@ func nodeReq(keys ...string) []algo.Request {
 // changes and the counters name the node; a node no call asks for is
 // forgotten.
 func TestACircuitPerNode(t *testing.T) {
-	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_800_000_000, 0))
 	n := &nodes{inner: memory.New(memory.Options{Now: clk.Now, SweepInterval: -1}), failing: map[string]bool{"a": true}, sent: map[string]int{}}
 	var changes []string
 	b := New(n, Options{Failures: 3, Cooldown: time.Second, Now: clk.Now,
@@ -353,7 +335,7 @@ func TestACircuitPerNode(t *testing.T) {
 
 	// The probe of a, mixed with b: a recovered, so the call succeeds and
 	// closes a's circuit.
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	n.failing["a"] = false
 	if err := call("a:k", "b:k"); err != nil {
 		t.Fatalf("the probe of node a: %v", err)
@@ -373,7 +355,7 @@ func TestACircuitPerNode(t *testing.T) {
 	if b.State() != Open {
 		t.Fatal("node a did not open again")
 	}
-	clk.Add(b.staleAfter())
+	clk.Advance(b.staleAfter())
 	call("b:k")
 	if got := b.Nodes(); len(got) != 1 || got[0].Node != "b" || b.State() != Closed {
 		t.Errorf("a stale period after the last call for a: %+v, state %v; want only b, closed", got, b.State())
@@ -386,12 +368,12 @@ func TestACircuitPerNode(t *testing.T) {
 // TestNodeProbeOfAGoneCaller: a node's probe whose caller gave up opens
 // the circuit again rather than leaving it half-open.
 func TestNodeProbeOfAGoneCaller(t *testing.T) {
-	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	clk := clocktest.New(time.Unix(1_800_000_000, 0))
 	n := &nodes{inner: memory.New(memory.Options{Now: clk.Now, SweepInterval: -1}), failing: map[string]bool{"a": true}, sent: map[string]int{}}
 	b := New(n, Options{Failures: 1, Cooldown: time.Second, Now: clk.Now})
 	reqs := nodeReq("a:k")
 	b.Decide(context.Background(), reqs, make([]algo.Decision, 1))
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	b.Decide(ctx, reqs, make([]algo.Decision, 1))

@@ -7,23 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 )
-
-// clock is a settable clock, safe for concurrent use.
-type clock struct{ ns atomic.Int64 }
-
-func newClock(t time.Time) *clock {
-	c := &clock{}
-	c.ns.Store(t.UnixNano())
-	return c
-}
-
-func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *clock) Add(d time.Duration)     { c.ns.Add(int64(d)) }
-func (c *clock) Set(t time.Time)         { c.ns.Store(t.UnixNano()) }
-func (c *clock) Since(t time.Time) int64 { return c.ns.Load() - t.UnixNano() }
 
 // epoch is a whole minute, so that windows start there.
 var epoch = time.Unix(1_700_000_040, 0)
@@ -50,14 +37,14 @@ func (c *counting) Reset(ctx context.Context, reqs []algo.Request) error {
 }
 
 // store is a shared store: a memory backend on clock c.
-func newStore(t *testing.T, c *clock) *memory.Backend {
+func newStore(t *testing.T, c *clocktest.Clock) *memory.Backend {
 	m := memory.New(memory.Options{Now: c.Now, SweepInterval: -1})
 	t.Cleanup(func() { m.Close() })
 	return m
 }
 
 // newEngine returns a manual engine over inner.
-func newEngine(t *testing.T, inner algo.Backend, c *clock, opts Options) *Engine {
+func newEngine(t *testing.T, inner algo.Backend, c *clocktest.Clock, opts Options) *Engine {
 	t.Helper()
 	opts.Now, opts.Manual = c.Now, true
 	e, err := New(inner, opts)
@@ -91,10 +78,10 @@ func remaining(t *testing.T, store algo.Backend, r algo.Request) uint64 {
 
 // warm sends n requests for key, one a millisecond, each followed by the
 // background work it queued: the key's leases grow to its rate.
-func warm(t *testing.T, e *Engine, c *clock, key string, l algo.Limit, n int) {
+func warm(t *testing.T, e *Engine, c *clocktest.Clock, key string, l algo.Limit, n int) {
 	t.Helper()
 	for range n {
-		c.Add(time.Millisecond)
+		c.Advance(time.Millisecond)
 		decide(t, e, leasedReq(key, l, 1))
 		e.Flush(context.Background())
 	}
@@ -104,16 +91,16 @@ func warm(t *testing.T, e *Engine, c *clock, key string, l algo.Limit, n int) {
 // first lease, decisions are made in process, and what was admitted is
 // exactly what the store counted, less what the engine holds.
 func TestHotKeyDecidesLocally(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := &counting{inner: newStore(t, c)}
 	e := newEngine(t, store, c, Options{})
 	l := algo.Limit{Requests: 100_000, Window: time.Minute}
 	admitted := uint64(0)
 	for range 2000 {
-		c.Add(time.Millisecond) // 1,000 per second
+		c.Advance(time.Millisecond) // 1,000 per second
 		d := decide(t, e, leasedReq("k", l, 1))[0]
 		if !d.Allowed {
-			t.Fatalf("refused at %v with %d admitted", c.Since(epoch), admitted)
+			t.Fatalf("refused at %v with %d admitted", c.Now().Sub(epoch), admitted)
 		}
 		admitted++
 		e.Flush(context.Background())
@@ -135,12 +122,12 @@ func TestHotKeyDecidesLocally(t *testing.T) {
 // TestColdKeyLeasesNothing sends one request per key: each is decided by
 // the store, exactly, and nothing is held.
 func TestColdKeyLeasesNothing(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := newStore(t, c)
 	e := newEngine(t, store, c, Options{})
 	l := algo.Limit{Requests: 100, Window: time.Minute}
 	for i := range 50 {
-		c.Add(10 * time.Millisecond)
+		c.Advance(10 * time.Millisecond)
 		d := decide(t, e, leasedReq(string(rune('a'+i)), l, 1))[0]
 		if !d.Allowed || d.Remaining != 99 {
 			t.Fatalf("key %d: %+v, want allowed with 99 remaining", i, d)
@@ -157,13 +144,13 @@ func TestColdKeyLeasesNothing(t *testing.T) {
 func TestNeverAdmitsMoreThanTheLimit(t *testing.T) {
 	for _, a := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindowCounter, algo.TokenBucket, algo.GCRA} {
 		t.Run(a.String(), func(t *testing.T) {
-			c := newClock(epoch)
+			c := clocktest.New(epoch)
 			store := newStore(t, c)
 			e := newEngine(t, store, c, Options{})
 			l := algo.Limit{Algorithm: a, Requests: 500, Window: time.Hour}
 			var admitted uint64
 			for range 1000 {
-				c.Add(100 * time.Microsecond)
+				c.Advance(100 * time.Microsecond)
 				if decide(t, e, leasedReq("k", l, 1))[0].Allowed {
 					admitted++
 				}
@@ -182,7 +169,7 @@ func TestNeverAdmitsMoreThanTheLimit(t *testing.T) {
 // together: when the exact one is over its limit, the leased one consumes
 // nothing, in process or in the store.
 func TestMixedBatchAllOrNothing(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := newStore(t, c)
 	e := newEngine(t, store, c, Options{})
 	hot := algo.Limit{Requests: 10_000, Window: time.Minute}
@@ -195,7 +182,7 @@ func TestMixedBatchAllOrNothing(t *testing.T) {
 	}
 	exact := algo.Request{Key: []byte("tight"), Limit: tight, Hits: 1}
 	for i := range 5 {
-		c.Add(time.Millisecond)
+		c.Advance(time.Millisecond)
 		out := decide(t, e, leasedReq("hot", hot, 2), exact)
 		// The leased request is allowed in itself; the batch stands or
 		// falls with the exact one.
@@ -217,7 +204,7 @@ func TestMixedBatchAllOrNothing(t *testing.T) {
 // counted by the store, so the next request is refused, as it would be
 // without leases.
 func TestCountedCostsAreSpent(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := newStore(t, c)
 	e := newEngine(t, store, c, Options{})
 	hot := algo.Limit{Requests: 1000, Window: time.Minute}
@@ -228,7 +215,7 @@ func TestCountedCostsAreSpent(t *testing.T) {
 		return r
 	}
 	for range 200 {
-		c.Add(time.Millisecond)
+		c.Advance(time.Millisecond)
 		decide(t, e, counted(1))
 		e.Flush(context.Background())
 	}
@@ -237,7 +224,7 @@ func TestCountedCostsAreSpent(t *testing.T) {
 	}
 	exact := algo.Request{Key: []byte("tight"), Limit: tight, Hits: 1}
 	for i := range 5 {
-		c.Add(time.Millisecond)
+		c.Advance(time.Millisecond)
 		out := decide(t, e, counted(2), exact)
 		if want := i < 3; out[1].Allowed != want {
 			t.Fatalf("batch %d: %+v, want the exact request allowed %v", i, out, want)
@@ -252,7 +239,7 @@ func TestCountedCostsAreSpent(t *testing.T) {
 	}
 	// A cost beyond what remains: refused, and counted whole.
 	left := hot.Requests - spent()
-	c.Add(time.Millisecond)
+	c.Advance(time.Millisecond)
 	if d := decide(t, e, counted(left+500))[0]; d.Allowed || d.Remaining != 0 {
 		t.Fatalf("a cost of %d with %d left: %+v, want refused with nothing remaining", left+500, left, d)
 	}
@@ -260,7 +247,7 @@ func TestCountedCostsAreSpent(t *testing.T) {
 	if got := remaining(t, store, leasedReq("hot", hot, 0)); got != 0 {
 		t.Errorf("the store has %d left after the cost, want 0", got)
 	}
-	c.Add(time.Millisecond)
+	c.Advance(time.Millisecond)
 	if d := decide(t, e, counted(1))[0]; d.Allowed {
 		t.Fatalf("the request after the cost: %+v, want refused", d)
 	}
@@ -276,7 +263,7 @@ func TestCountedCostsAreSpent(t *testing.T) {
 func TestColdKeyGivesBack(t *testing.T) {
 	for _, a := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindowCounter, algo.TokenBucket, algo.GCRA} {
 		t.Run(a.String(), func(t *testing.T) {
-			c := newClock(epoch)
+			c := clocktest.New(epoch)
 			store := newStore(t, c)
 			e := newEngine(t, store, c, Options{})
 			l := algo.Limit{Algorithm: a, Requests: 10_000, Window: time.Hour}
@@ -284,7 +271,7 @@ func TestColdKeyGivesBack(t *testing.T) {
 			if e.Stats().Held == 0 {
 				t.Fatal("nothing held")
 			}
-			c.Add(DefaultPeriod)
+			c.Advance(DefaultPeriod)
 			e.Sweep()
 			e.Flush(context.Background())
 			st := e.Stats()
@@ -303,7 +290,7 @@ func TestColdKeyGivesBack(t *testing.T) {
 
 // TestCloseGivesBack closes an engine holding leases: they go back.
 func TestCloseGivesBack(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := newStore(t, c)
 	opts := Options{Now: c.Now, Manual: true}
 	e, err := New(store, opts)
@@ -327,7 +314,7 @@ func TestCloseGivesBack(t *testing.T) {
 // error reaches the caller, and a failed call takes nothing from the
 // leases.
 func TestStoreDown(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := &counting{inner: newStore(t, c)}
 	e := newEngine(t, store, c, Options{})
 	l := algo.Limit{Requests: 100_000, Window: time.Hour}
@@ -336,7 +323,7 @@ func TestStoreDown(t *testing.T) {
 	store.fail.Store(true)
 	var local uint64
 	for {
-		c.Add(100 * time.Microsecond)
+		c.Advance(100 * time.Microsecond)
 		out := make([]algo.Decision, 1)
 		err := e.Decide(context.Background(), []algo.Request{leasedReq("k", l, 1)}, out)
 		if err != nil {
@@ -362,13 +349,13 @@ func TestStoreDown(t *testing.T) {
 // TestLimitChange moves a key to another limit (a rule reload): the old
 // leases go back, and the new limit is leased afresh.
 func TestLimitChange(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := newStore(t, c)
 	e := newEngine(t, store, c, Options{})
 	old := algo.Limit{Requests: 10_000, Window: time.Hour}
 	warm(t, e, c, "k", old, 100)
 	now := algo.Limit{Requests: 5_000, Window: time.Hour}
-	c.Add(time.Millisecond)
+	c.Advance(time.Millisecond)
 	d := decide(t, e, leasedReq("k", now, 1))[0]
 	e.Flush(context.Background())
 	if !d.Allowed {
@@ -382,7 +369,7 @@ func TestLimitChange(t *testing.T) {
 
 // TestPeekConsumesNothing peeks a leased key.
 func TestPeekConsumesNothing(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := newStore(t, c)
 	e := newEngine(t, store, c, Options{})
 	l := algo.Limit{Requests: 10, Window: time.Hour}
@@ -409,7 +396,7 @@ func TestPeekConsumesNothing(t *testing.T) {
 
 // TestOptions refuses options that cannot work.
 func TestOptions(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := newStore(t, c)
 	for _, o := range []Options{
 		{TTL: time.Microsecond},
@@ -431,7 +418,7 @@ func TestOptions(t *testing.T) {
 // the store (a prefetched lease arrived): the reserved hits are given
 // back, not lost.
 func TestUndoneReservationOfAReplacedLease(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	mem := newStore(t, c)
 	var e *Engine
 	deliver := false
@@ -447,7 +434,7 @@ func TestUndoneReservationOfAReplacedLease(t *testing.T) {
 	// Warm the key until a prefetch is due, and send it without
 	// delivering its result.
 	for e.Queued() == 0 || admitted < 50 {
-		c.Add(time.Millisecond)
+		c.Advance(time.Millisecond)
 		if decide(t, e, leasedReq("k", l, 1))[0].Allowed {
 			admitted++
 		}
@@ -501,7 +488,7 @@ func TestAThirdLeaseIsGivenBack(t *testing.T) {
 func TestConcurrentReplicas(t *testing.T) {
 	for _, a := range []algo.Algorithm{algo.FixedWindow, algo.SlidingWindowCounter, algo.TokenBucket, algo.GCRA} {
 		t.Run(a.String(), func(t *testing.T) {
-			c := newClock(epoch)
+			c := clocktest.New(epoch)
 			mem := newStore(t, c)
 			l := algo.Limit{Algorithm: a, Requests: 3000, Window: 24 * time.Hour}
 			engines := make([]*Engine, 3)
@@ -520,7 +507,7 @@ func TestConcurrentReplicas(t *testing.T) {
 					e := engines[g%3]
 					out := make([]algo.Decision, 1)
 					for asked.Add(1) <= 2*int64(l.Requests) {
-						c.Add(time.Microsecond)
+						c.Advance(time.Microsecond)
 						if err := e.Decide(context.Background(), []algo.Request{leasedReq("k", l, 1)}, out); err != nil {
 							t.Error(err)
 							return
@@ -570,7 +557,7 @@ func (g *gated) Decide(ctx context.Context, reqs []algo.Request, out []algo.Deci
 // sends 30 concurrent requests: one calls the store, the others wait for
 // its lease, and all are admitted from it.
 func TestOneTakeForConcurrentRequests(t *testing.T) {
-	c := newClock(epoch)
+	c := clocktest.New(epoch)
 	store := &gated{inner: newStore(t, c), gate: make(chan struct{})}
 	e, err := New(store, Options{Now: c.Now})
 	if err != nil {
@@ -580,7 +567,7 @@ func TestOneTakeForConcurrentRequests(t *testing.T) {
 	l := algo.Limit{Requests: 1_000_000, Window: time.Minute}
 	c.Set(epoch.Add(59 * time.Second))
 	for range 3000 { // 3,000 per second until the window ends
-		c.Add(300 * time.Microsecond)
+		c.Advance(300 * time.Microsecond)
 		decide(t, e, leasedReq("k", l, 1))
 	}
 	// No prefetch may be on its way when the window ends.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 )
@@ -72,7 +73,7 @@ type leaseRun struct {
 	capacity uint64
 	share    uint64
 	desc     string
-	base     *clock
+	base     *clocktest.Clock
 	store    *memory.Backend
 	replicas []*replica
 	admitted []admission
@@ -98,7 +99,7 @@ func newLeaseRun(rng *rand.Rand, a algo.Algorithm) *leaseRun {
 	r.exact = algo.Limit{Requests: 1 + rng.Uint64N(40), Window: w}
 	ttl := w/10 + time.Duration(rng.Int64N(int64(2*w)))
 	period := max(time.Millisecond, time.Duration(rng.Int64N(int64(ttl))+1))
-	r.base = newClock(epoch.Add(time.Duration(rng.Int64N(int64(w)))))
+	r.base = clocktest.New(epoch.Add(time.Duration(rng.Int64N(int64(w)))))
 	r.store = memory.New(memory.Options{Now: r.base.Now, SweepInterval: -1})
 	store := hook{inner: r.store, during: r.during}
 	r.replicas = make([]*replica, 2+rng.IntN(3))
@@ -169,11 +170,11 @@ func (r *leaseRun) act() error {
 		// hits leased by this replica were decided at its start.
 	case op < 17:
 		// Mostly small steps, so that rates build and leases are spent.
-		r.base.Add(time.Duration(r.rng.Int64N(int64(w / 500))))
+		r.base.Advance(time.Duration(r.rng.Int64N(int64(w / 500))))
 	case op < 18:
-		r.base.Add(time.Duration(r.rng.Int64N(int64(w / 10))))
+		r.base.Advance(time.Duration(r.rng.Int64N(int64(w / 10))))
 	case op < 19:
-		r.base.Add(time.Duration(r.rng.Int64N(int64(w))))
+		r.base.Advance(time.Duration(r.rng.Int64N(int64(w))))
 	default:
 		if r.rng.IntN(10) == 0 {
 			rep.crashed = true // its leases stay with it, unspent

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/algo/algotest"
 )
@@ -12,11 +13,11 @@ import (
 // clocked decides at the instants the conformance suite gives.
 type clocked struct {
 	b     *Backend
-	clock *clock
+	clock *clocktest.Clock
 }
 
 func (c clocked) Decide(ctx context.Context, now time.Time, reqs []algo.Request, out []algo.Decision) error {
-	c.clock.ns.Store(now.UnixNano())
+	c.clock.Set(now)
 	return c.b.Decide(ctx, reqs, out)
 }
 

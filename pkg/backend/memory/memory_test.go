@@ -10,21 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// clock is a settable test clock, safe for concurrent use.
-type clock struct{ ns atomic.Int64 }
+// newClock returns a test clock at a whole minute.
+func newClock() *clocktest.Clock { return clocktest.New(time.Unix(1_700_000_040, 0)) }
 
-func newClock() *clock {
-	c := &clock{}
-	c.ns.Store(time.Unix(1_700_000_040, 0).UnixNano())
-	return c
-}
-func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
-func newTestBackend(t testing.TB, opts Options) (*Backend, *clock) {
+func newTestBackend(t testing.TB, opts Options) (*Backend, *clocktest.Clock) {
 	c := newClock()
 	opts.Now = c.Now
 	if opts.SweepInterval == 0 {

@@ -10,20 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 	"github.com/ratelimitd/ratelimitd/pkg/backend/memory"
 )
 
-// clock is a settable test clock, safe for concurrent use.
-type clock struct{ ns atomic.Int64 }
-
-func newClock() *clock {
-	c := &clock{}
-	c.ns.Store(time.Unix(1_700_000_040, 0).UnixNano()) // a whole minute
-	return c
-}
-func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+// newClock returns a test clock at a whole minute.
+func newClock() *clocktest.Clock { return clocktest.New(time.Unix(1_700_000_040, 0)) }
 
 // counting is a spy around the real memory backend: it counts the calls
 // that reach it.
@@ -37,7 +30,7 @@ func (s *counting) Decide(ctx context.Context, reqs []algo.Request, out []algo.D
 	return s.Backend.Decide(ctx, reqs, out)
 }
 
-func newMemory(t testing.TB, clk *clock) *memory.Backend {
+func newMemory(t testing.TB, clk *clocktest.Clock) *memory.Backend {
 	b := memory.New(memory.Options{Now: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { b.Close() })
 	return b
@@ -46,7 +39,7 @@ func newMemory(t testing.TB, clk *clock) *memory.Backend {
 // fixture is a cache around a spied memory backend, and a plain memory
 // backend to feed the same traffic, all on one clock.
 type fixture struct {
-	clk   *clock
+	clk   *clocktest.Clock
 	inner *counting
 	cache *Cache
 	plain *memory.Backend

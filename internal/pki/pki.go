@@ -1,9 +1,9 @@
-// Package pkitest makes throwaway certificate authorities and the
-// certificates they sign, written as PEM files, for tests of mutual TLS
-// and for the load test: a region's certificate naming it, an Envoy
-// client's of the same CA, a stranger's of another CA. Never for
-// production: the keys lie in plain files of a temporary directory.
-package pkitest
+// Package pki makes throwaway certificate authorities for tests and the
+// load generator, and the certificates they sign, written as PEM files:
+// a region's certificate naming it, an Envoy client's of the same CA, a
+// stranger's of another CA. Never for production: the keys lie in plain
+// files of a temporary directory.
+package pki
 
 import (
 	"crypto/ecdsa"
@@ -141,7 +141,7 @@ func (ca *CA) Sign(leaf Leaf) (Cert, error) {
 	for _, u := range leaf.URIs {
 		p, err := url.Parse(u)
 		if err != nil {
-			return Cert{}, fmt.Errorf("pkitest: URI SAN %q: %w", u, err)
+			return Cert{}, fmt.Errorf("pki: URI SAN %q: %w", u, err)
 		}
 		tmpl.URIs = append(tmpl.URIs, p)
 	}

@@ -17,7 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/ratelimitd/ratelimitd/pkg/rlqs/rlqssim"
+	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/rlqssim"
 )
 
 // Each test below checks one behaviour of Envoy's rate_limit_quota filter
@@ -106,18 +107,6 @@ func blanket(r typev3.RateLimitStrategy_BlanketRule) *typev3.RateLimitStrategy {
 	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: r}}
 }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // serve serves srv on an in-memory listener and returns a connection to it
 // and a function stopping the server.
 func serve(t *testing.T, srv *scripted) (*grpc.ClientConn, func()) {
@@ -138,7 +127,7 @@ func serve(t *testing.T, srv *scripted) (*grpc.ClientConn, func()) {
 }
 
 // start returns a client of srv on clk that reports only when told.
-func start(t *testing.T, srv *scripted, clk *clock, opts ...rlqssim.Option) *rlqssim.Client {
+func start(t *testing.T, srv *scripted, clk *clocktest.Clock, opts ...rlqssim.Option) *rlqssim.Client {
 	t.Helper()
 	conn, _ := serve(t, srv)
 	c, err := rlqssim.New(conn, "d", append([]rlqssim.Option{rlqssim.WithClock(clk.Now), rlqssim.WithManualReports()}, opts...)...)
@@ -194,7 +183,7 @@ func count(c *rlqssim.Client, n int) (allowed int) {
 // a server expecting it to be enforced would count on.
 func TestRequestsPerTimeUnitIgnored(t *testing.T) {
 	srv := &scripted{script: []func() *rlqsv3.RateLimitQuotaResponse_BucketAction{assign(rptu(10, typev3.RateLimitUnit_SECOND), 10*time.Second)}}
-	clk := &clock{t: time.Unix(1000, 0)}
+	clk := clocktest.New(time.Unix(1000, 0))
 	c := start(t, srv, clk)
 	first(t, c)
 	admitted := count(c, 100)
@@ -232,7 +221,7 @@ func TestTokenBucketRate(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := &scripted{script: []func() *rlqsv3.RateLimitQuotaResponse_BucketAction{assign(tc.st, time.Minute)}}
-			clk := &clock{t: time.Unix(1000, 0)}
+			clk := clocktest.New(time.Unix(1000, 0))
 			c := start(t, srv, clk)
 			first(t, c)
 			clk.Advance(time.Millisecond)
@@ -249,7 +238,7 @@ func TestTokenBucketRate(t *testing.T) {
 	// token per instant, so every request a microsecond apart passes.
 	t.Run("a sub-second interval admits everything", func(t *testing.T) {
 		srv := &scripted{script: []func() *rlqsv3.RateLimitQuotaResponse_BucketAction{assign(tokenBucket(1, 1, 500*time.Millisecond), time.Minute)}}
-		clk := &clock{t: time.Unix(1000, 0)}
+		clk := clocktest.New(time.Unix(1000, 0))
 		c := start(t, srv, clk)
 		first(t, c)
 		admitted := 0
@@ -287,7 +276,7 @@ func TestTokenBucketReplacement(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := &scripted{script: []func() *rlqsv3.RateLimitQuotaResponse_BucketAction{assign(tokenBucket(10, 1, time.Second), time.Minute), assign(tc.next, time.Minute)}}
-			clk := &clock{t: time.Unix(1000, 0)}
+			clk := clocktest.New(time.Unix(1000, 0))
 			c := start(t, srv, clk, rlqssim.WithReplacement(tc.mode))
 			first(t, c)
 			clk.Advance(time.Millisecond)
@@ -315,7 +304,7 @@ func TestTTLWholeSecondsAndFallbacks(t *testing.T) {
 	deny := blanket(typev3.RateLimitStrategy_DENY_ALL)
 	t.Run("1.9 s is 1 s", func(t *testing.T) {
 		srv := &scripted{script: []func() *rlqsv3.RateLimitQuotaResponse_BucketAction{assign(deny, 1900*time.Millisecond)}}
-		clk := &clock{t: time.Unix(1000, 0)}
+		clk := clocktest.New(time.Unix(1000, 0))
 		c := start(t, srv, clk)
 		first(t, c)
 		clk.Advance(999 * time.Millisecond)
@@ -329,7 +318,7 @@ func TestTTLWholeSecondsAndFallbacks(t *testing.T) {
 	})
 	t.Run("0 expires at once", func(t *testing.T) {
 		srv := &scripted{script: []func() *rlqsv3.RateLimitQuotaResponse_BucketAction{assign(deny, 900*time.Millisecond)}}
-		clk := &clock{t: time.Unix(1000, 0)}
+		clk := clocktest.New(time.Unix(1000, 0))
 		c := start(t, srv, clk)
 		first(t, c)
 		if count(c, 1) != 1 || c.Stats().Expired != 1 {
@@ -338,7 +327,7 @@ func TestTTLWholeSecondsAndFallbacks(t *testing.T) {
 	})
 	t.Run("expired_assignment_behavior, then no_assignment_behavior", func(t *testing.T) {
 		srv := &scripted{script: []func() *rlqsv3.RateLimitQuotaResponse_BucketAction{assign(tokenBucket(100, 100, time.Second), 2*time.Second)}}
-		clk := &clock{t: time.Unix(1000, 0)}
+		clk := clocktest.New(time.Unix(1000, 0))
 		c := start(t, srv, clk, rlqssim.WithNoAssignment(false), rlqssim.WithExpiredAssignment(tokenBucket(3, 1, time.Second), 5*time.Second))
 		if first(t, c) {
 			t.Fatal("no_assignment_behavior DENY_ALL admitted the first request")
@@ -365,7 +354,7 @@ func TestTTLWholeSecondsAndFallbacks(t *testing.T) {
 func TestReports(t *testing.T) {
 	allow := blanket(typev3.RateLimitStrategy_ALLOW_ALL)
 	srv := &scripted{script: []func() *rlqsv3.RateLimitQuotaResponse_BucketAction{assign(allow, time.Minute)}}
-	clk := &clock{t: time.Unix(1000, 0)}
+	clk := clocktest.New(time.Unix(1000, 0))
 	c := start(t, srv, clk)
 	first(t, c)
 	clk.Advance(1500 * time.Millisecond)
@@ -414,7 +403,7 @@ func TestRepliesMatchedByBucketID(t *testing.T) {
 		BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
 			RateLimitStrategy: blanket(typev3.RateLimitStrategy_ALLOW_ALL), AssignmentTimeToLive: durationpb.New(time.Minute)}},
 	}}
-	clk := &clock{t: time.Unix(1000, 0)}
+	clk := clocktest.New(time.Unix(1000, 0))
 	c := start(t, srv, clk)
 	first(t, c)
 	if count(c, 3) != 0 || c.Stats().Unknown != 1 {
@@ -445,7 +434,7 @@ func TestRepliesMatchedByBucketID(t *testing.T) {
 func TestStreamDownDropsReports(t *testing.T) {
 	allow := blanket(typev3.RateLimitStrategy_ALLOW_ALL)
 	srv := &scripted{script: []func() *rlqsv3.RateLimitQuotaResponse_BucketAction{assign(allow, time.Minute), nil, assign(allow, time.Minute)}}
-	clk := &clock{t: time.Unix(1000, 0)}
+	clk := clocktest.New(time.Unix(1000, 0))
 	conn, stop := serve(t, srv)
 	c, err := rlqssim.New(conn, "d", rlqssim.WithClock(clk.Now), rlqssim.WithManualReports())
 	if err != nil {
