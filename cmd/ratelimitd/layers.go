@@ -61,16 +61,22 @@ func (l *leasing) build(_ context.Context, s *server) (hooks, error) {
 		st := e.Stats()
 		d.Leases = &console.Leases{Keys: st.Keys, Held: st.Held, Local: st.Local, Backend: st.Backend, Stranded: st.Stranded, Errors: st.Errors}
 	})
-	return hooks{close: func() {
-		// Budget still leased goes back before the connections close.
-		ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
-		defer cancel()
-		if err := e.Close(ctx); err != nil {
-			s.log.Warn("leases not all given back: their budget returns to the pool when they end", "error", err, "lease_ttl", l.opts.TTL)
-		} else if st := e.Stats(); st.Given > 0 {
-			s.log.Info("leases given back", "hits", st.Given)
-		}
-	}}, nil
+	evicted := func() uint64 { return e.Stats().Evicted }
+	return hooks{
+		start: func(ctx context.Context) {
+			go watchEvictions(ctx, evicted, leaseEvictionsWarning, s.log, evictionReportInterval)
+		},
+		close: func() {
+			// Budget still leased goes back before the connections close.
+			ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
+			defer cancel()
+			if err := e.Close(ctx); err != nil {
+				s.log.Warn("leases not all given back: their budget returns to the pool when they end", "error", err, "lease_ttl", l.opts.TTL)
+			} else if st := e.Stats(); st.Given > 0 {
+				s.log.Info("leases given back", "hits", st.Given)
+			}
+		},
+	}, nil
 }
 
 // overLimitCache is the layer of the backend stack that remembers keys
