@@ -37,6 +37,7 @@ var allowedDeps = map[string][]string{
 	"internal/reftest":      {},
 	"internal/wiretest":     {},
 	"internal/pkitest":      {},
+	"internal/footprint":    {}, // benchmarks' memory per item
 	"pkg/wire":              {}, // what every server does to a request, whatever its protocol
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
@@ -56,7 +57,7 @@ var allowedDeps = map[string][]string{
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
+var stdlibOnly = []string{"internal/footprint", "internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}
