@@ -239,11 +239,13 @@ const redisGCPercent = 400
 
 // tuneGC lets the heap of a Redis-backed replica grow to 5 times its live
 // size between collections instead of twice, unless GOGC is set. Such a
-// heap holds no counters, only the garbage of calls in flight, so it
-// stays small (tens of MB), and collecting it at Go's default rate cost
-// a seventh of ratelimitd's CPU under load (docs/performance.md). The
-// memory backend's heap is its counters: there GOGC=400 would mean five
-// times their size, so the default stays, and operators choose.
+// heap holds no counters, only the garbage of calls in flight and the
+// lease engine's keys (29 MB live when -lease-max-keys is full, up to
+// about 5 times that resident: docs/leasing.md), and collecting it at
+// Go's default rate cost a seventh of ratelimitd's CPU under load
+// (docs/performance.md). The memory backend's heap is its counters: there
+// GOGC=400 would mean five times their size, so the default stays, and
+// operators choose.
 func tuneGC(backend string, lookupEnv func(string) (string, bool), log *slog.Logger) {
 	if backend != "redis" {
 		return
