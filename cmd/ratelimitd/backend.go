@@ -149,7 +149,9 @@ func (b *backendStore) buildMemory(s *server) hooks {
 	})
 	b.describeKind(s.stack)
 	return hooks{
-		start: func(ctx context.Context) { go watchEvictions(ctx, m, s.log, evictionReportInterval) },
+		start: func(ctx context.Context) {
+			go watchEvictions(ctx, m.Evictions, memoryEvictionsWarning, s.log, evictionReportInterval)
+		},
 		close: func() { m.Close() },
 	}
 }
@@ -204,11 +206,17 @@ func (b *backendStore) describeKind(st *stack) {
 // evictionReportInterval is how often serve reports evictions of live keys.
 const evictionReportInterval = 30 * time.Second
 
-// watchEvictions logs a warning, at most once per interval, when the memory
-// backend has evicted live keys since the last look: each eviction forgot a
-// count, which -memory-max-keys is too small to keep. It returns when ctx is
-// done.
-func watchEvictions(ctx context.Context, b *memory.Backend, log *slog.Logger, interval time.Duration) {
+// Warnings of watchEvictions: what an eviction cost, and the flag to raise.
+const (
+	memoryEvictionsWarning = "memory backend full: live keys evicted and their counts forgotten; raise -memory-max-keys"
+	leaseEvictionsWarning  = "lease engine full: keys of leased limits evicted, their leases given back and their traffic forgotten (more Redis calls, never more admitted); raise -lease-max-keys"
+)
+
+// watchEvictions logs msg as a warning, at most once per interval, when
+// the count of evictions (the memory backend's, or the lease engine's key
+// table's) has grown since the last look: each eviction forgot a key,
+// which the cap is too small to keep. It returns when ctx is done.
+func watchEvictions(ctx context.Context, evictions func() uint64, msg string, log *slog.Logger, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var last uint64
@@ -217,9 +225,8 @@ func watchEvictions(ctx context.Context, b *memory.Backend, log *slog.Logger, in
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if n := b.Evictions(); n > last {
-				log.Warn("memory backend full: live keys evicted and their counts forgotten; raise -memory-max-keys",
-					"evicted", n-last, "evicted_total", n, "interval", interval)
+			if n := evictions(); n > last {
+				log.Warn(msg, "evicted", n-last, "evicted_total", n, "interval", interval)
 				last = n
 			}
 		}
@@ -232,11 +239,13 @@ const redisGCPercent = 400
 
 // tuneGC lets the heap of a Redis-backed replica grow to 5 times its live
 // size between collections instead of twice, unless GOGC is set. Such a
-// heap holds no counters, only the garbage of calls in flight, so it
-// stays small (tens of MB), and collecting it at Go's default rate cost
-// a seventh of ratelimitd's CPU under load (docs/performance.md). The
-// memory backend's heap is its counters: there GOGC=400 would mean five
-// times their size, so the default stays, and operators choose.
+// heap holds no counters, only the garbage of calls in flight and the
+// lease engine's keys (29 MB live when -lease-max-keys is full, up to
+// about 5 times that resident: docs/leasing.md), and collecting it at
+// Go's default rate cost a seventh of ratelimitd's CPU under load
+// (docs/performance.md). The memory backend's heap is its counters: there
+// GOGC=400 would mean five times their size, so the default stays, and
+// operators choose.
 func tuneGC(backend string, lookupEnv func(string) (string, bool), log *slog.Logger) {
 	if backend != "redis" {
 		return

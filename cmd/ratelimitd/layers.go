@@ -27,6 +27,7 @@ func (l *leasing) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&l.opts.TTL, "lease-ttl", lease.DefaultTTL, "rules with consistency: leased (Redis backend): how long a bucket's lease of budget may be spent (a window's lasts until its window ends), and when an idle key is forgotten (docs/leasing.md)")
 	fs.DurationVar(&l.opts.Period, "lease-period", lease.DefaultPeriod, "rules with consistency: leased: how much of a key's traffic a lease covers, at most -lease-ttl; longer leases mean fewer Redis calls and more budget held by one replica")
 	fs.Uint64Var(&l.opts.Share, "lease-share", lease.DefaultShare, "rules with consistency: leased: a lease takes at most 1/`N` of what a limit has left, so that no replica holds much of a limit that binds")
+	fs.IntVar(&l.opts.MaxKeys, "lease-max-keys", lease.DefaultMaxKeys, "rules with consistency: leased: most keys the lease engine tracks at once (each, even one seen once, for -lease-ttl after its last use); beyond it the least recently used of a sample is evicted, its leases given back (docs/leasing.md)")
 }
 
 func (l *leasing) check(flagName func(string) string) error {
@@ -38,6 +39,8 @@ func (l *leasing) check(flagName func(string) string) error {
 			flagName("lease-period"), l.opts.Period, flagName("lease-ttl"), l.opts.TTL)
 	case l.opts.Share < 1:
 		return fmt.Errorf("invalid %s %d; it must be at least 1 (1 lets one lease take all that remains)", flagName("lease-share"), l.opts.Share)
+	case l.opts.MaxKeys < 1:
+		return fmt.Errorf("invalid %s %d; it must be at least 1", flagName("lease-max-keys"), l.opts.MaxKeys)
 	}
 	return nil
 }
@@ -58,16 +61,22 @@ func (l *leasing) build(_ context.Context, s *server) (hooks, error) {
 		st := e.Stats()
 		d.Leases = &console.Leases{Keys: st.Keys, Held: st.Held, Local: st.Local, Backend: st.Backend, Stranded: st.Stranded, Errors: st.Errors}
 	})
-	return hooks{close: func() {
-		// Budget still leased goes back before the connections close.
-		ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
-		defer cancel()
-		if err := e.Close(ctx); err != nil {
-			s.log.Warn("leases not all given back: their budget returns to the pool when they end", "error", err, "lease_ttl", l.opts.TTL)
-		} else if st := e.Stats(); st.Given > 0 {
-			s.log.Info("leases given back", "hits", st.Given)
-		}
-	}}, nil
+	evicted := func() uint64 { return e.Stats().Evicted }
+	return hooks{
+		start: func(ctx context.Context) {
+			go watchEvictions(ctx, evicted, leaseEvictionsWarning, s.log, evictionReportInterval)
+		},
+		close: func() {
+			// Budget still leased goes back before the connections close.
+			ctx, cancel := context.WithTimeout(context.Background(), leaseReturnTimeout)
+			defer cancel()
+			if err := e.Close(ctx); err != nil {
+				s.log.Warn("leases not all given back: their budget returns to the pool when they end", "error", err, "lease_ttl", l.opts.TTL)
+			} else if st := e.Stats(); st.Given > 0 {
+				s.log.Info("leases given back", "hits", st.Given)
+			}
+		},
+	}, nil
 }
 
 // overLimitCache is the layer of the backend stack that remembers keys

@@ -209,7 +209,7 @@ func TestWatchEvictionsWarns(t *testing.T) {
 	defer cancel()
 	done := make(chan struct{})
 	go func() {
-		watchEvictions(ctx, b, slog.New(slog.NewTextHandler(logs, nil)), time.Millisecond)
+		watchEvictions(ctx, b.Evictions, memoryEvictionsWarning, slog.New(slog.NewTextHandler(logs, nil)), time.Millisecond)
 		close(done)
 	}()
 

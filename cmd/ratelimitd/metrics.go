@@ -86,8 +86,8 @@ func registerCache(reg prometheus.Registerer, c *overlimit.Cache) {
 }
 
 // registerLease exports what the lease engine did: leases taken, given
-// back and expired, budget held and stranded, and decisions made in
-// process or with a backend call.
+// back and expired, budget held and stranded, keys tracked and evicted,
+// and decisions made in process or with a backend call.
 func registerLease(reg prometheus.Registerer, e *lease.Engine) {
 	stat := func(f func(lease.Stats) uint64) func() uint64 { return func() uint64 { return f(e.Stats()) } }
 	reg.MustRegister(
@@ -99,6 +99,7 @@ func registerLease(reg prometheus.Registerer, e *lease.Engine) {
 		counter("lease", "stranded_hits_total", "Hits that could not be given back because the call failed: unusable by any replica until their lease ends in the backend.", nil, stat(func(s lease.Stats) uint64 { return s.Stranded })),
 		gauge("lease", "held_hits", "Hits this replica holds in leases, unspent: budget other replicas cannot use until it is spent or given back.", func() float64 { return float64(e.Stats().Held) }),
 		gauge("lease", "keys", "Keys of leased limits this replica tracks.", func() float64 { return float64(e.Stats().Keys) }),
+		counter("lease", "evictions_total", "Keys of leased limits the lease engine evicted, their leases given back and their traffic forgotten, because -lease-max-keys was reached.", nil, stat(func(s lease.Stats) uint64 { return s.Evicted })),
 		counter("lease", "decisions_total", leaseDecisionsHelp, prometheus.Labels{"path": "local"}, stat(func(s lease.Stats) uint64 { return s.Local })),
 		counter("lease", "decisions_total", leaseDecisionsHelp, prometheus.Labels{"path": "backend"}, stat(func(s lease.Stats) uint64 { return s.Backend })),
 		counter("lease", "backend_calls_total", "Backend calls that carried leased work: decisions' (with their batch's exact requests), prefetches' and gives'. Divided by ratelimitd_lease_decisions_total, the backend calls per leased decision.", nil, stat(func(s lease.Stats) uint64 { return s.Calls })),

@@ -54,6 +54,7 @@ var cmdMetrics = []struct {
 	{name: "ratelimitd_lease_stranded_hits_total"},
 	{name: "ratelimitd_lease_held_hits", gauge: true},
 	{name: "ratelimitd_lease_keys", gauge: true},
+	{name: "ratelimitd_lease_evictions_total"},
 	{name: "ratelimitd_lease_decisions_total", labels: prometheus.Labels{"path": "local"}},
 	{name: "ratelimitd_lease_decisions_total", labels: prometheus.Labels{"path": "backend"}},
 	{name: "ratelimitd_lease_backend_calls_total"},
@@ -256,6 +257,7 @@ func TestDashboard(t *testing.T) {
 		"ratelimitd_backend_circuit_state", "ratelimitd_failure_mode_decisions_total", "ratelimitd_local_cache_hits_total",
 		"ratelimitd_config_reloads_total", "ratelimitd_config_reload_rejections_total", "ratelimitd_panics_total",
 		"ratelimitd_lease_decisions_total", "ratelimitd_lease_backend_calls_total", "ratelimitd_lease_held_hits",
+		"ratelimitd_lease_keys", "ratelimitd_lease_evictions_total",
 	} {
 		if !used[name] {
 			t.Errorf("no panel queries %s", name)

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -640,5 +641,57 @@ func TestLeaseSize(t *testing.T) {
 	}
 	if w := old.want(60*sec, p); w < 18 || w > 22 {
 		t.Errorf("a key at 1/s for a minute wants %d, want about a period's 20", w)
+	}
+}
+
+// TestEvictionsAreCounted fills the engine past MaxKeys with one-off keys:
+// each new key in a full shard evicts one, Stats.Evicted counts every one
+// (it is what ratelimitd_lease_evictions_total exports), and the keys
+// tracked stay within the cap. A hot key evicted gives its leases back to
+// the store, with the call of the key that took its place. It fails if
+// evictions go uncounted, if the cap is not held, or if an evicted key's
+// budget is lost.
+func TestEvictionsAreCounted(t *testing.T) {
+	c := clocktest.New(epoch)
+	store := newStore(t, c)
+	const maxKeys = 4 * numShards // 4 keys per shard
+	e := newEngine(t, store, c, Options{MaxKeys: maxKeys})
+	l := algo.Limit{Requests: 10_000, Window: time.Hour}
+	const n = 5_000
+	for i := range n {
+		c.Advance(time.Microsecond)
+		if d := decide(t, e, leasedReq("one-off-"+strconv.Itoa(i), l, 1))[0]; !d.Allowed {
+			t.Fatalf("key %d refused: %+v", i, d)
+		}
+	}
+	st := e.Stats()
+	if st.Keys > maxKeys || st.Keys < maxKeys/2 {
+		t.Errorf("%d keys tracked after %d one-off keys, want at most MaxKeys (%d) and most of it", st.Keys, n, maxKeys)
+	}
+	// Nothing else forgets a key in a manual engine that is not swept.
+	if want := uint64(n - st.Keys); st.Evicted != want {
+		t.Errorf("Stats.Evicted = %d, want %d (%d keys seen, %d tracked)", st.Evicted, want, n, st.Keys)
+	}
+
+	// A hot key holding leases, alone in its shard (MaxKeys 1: one key
+	// per shard), is evicted by the next key of its shard.
+	hot := newEngine(t, store, c, Options{MaxKeys: 1})
+	warm(t, hot, c, "hot", l, 100)
+	held := hot.Stats().Held
+	if held == 0 {
+		t.Fatal("the hot key holds nothing")
+	}
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := "other-" + strconv.Itoa(i); hot.shardOf(k) == hot.shardOf("hot") {
+			other = k
+		}
+	}
+	decide(t, hot, leasedReq(other, l, 1))
+	if st := hot.Stats(); st.Evicted != 1 || st.Held != 0 || st.Given != uint64(held) {
+		t.Errorf("after evicting the hot key holding %d: %+v; want 1 evicted, nothing held, %d given back", held, st, held)
+	}
+	if got := remaining(t, store, leasedReq("hot", l, 0)); got != l.Requests-100 {
+		t.Errorf("the store has %d left for the evicted key, want %d: only the hits admitted count", got, l.Requests-100)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/internal/clocktest"
+	"github.com/ratelimitd/ratelimitd/internal/footprint"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
@@ -386,29 +387,39 @@ func BenchmarkDecide(b *testing.B) {
 	})
 }
 
-// BenchmarkFootprint reports the heap each tracked key costs, with keys
-// shaped like real ones (domain, one entry, limit: about 40 bytes).
-// Run it once: go test -run='^$' -bench=Footprint -benchtime=1x.
+// BenchmarkFootprint fills the memory backend with keys shaped like real
+// ones (domain, one entry, limit: about 40 bytes) and reports what each
+// costs (internal/footprint): B/key of live heap (after a collection: the
+// key, the entry, the map slot); RSS-B/key, the resident set grown per
+// key once filled (Linux); and cycled-RSS-B/key, once garbage has run the
+// heap through the collector's target (GOGC, GOMEMLIMIT) as a serving
+// process's calls do: the figure to size a container by. Each size is
+// filled from a baseline with the free memory returned to the system.
+// docs/performance.md gives the numbers and this command:
+//
+//	go test -run '^$' -bench Footprint -benchtime 1x -count 5 ./pkg/backend/memory
 func BenchmarkFootprint(b *testing.B) {
-	const keys = 200_000
-	for b.Loop() {
-		be := New(Options{SweepInterval: -1, MaxKeys: 2 * keys}) // room in every shard
-		reqs := []algo.Request{{Limit: algo.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
-		out := make([]algo.Decision, 1)
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		for i := range keys {
-			reqs[0].Key = fmt.Appendf(reqs[0].Key[:0], "5:posts=7:user_id%d:%d|fixed_window/1s", len(strconv.Itoa(i)), i)
-			_ = be.Decide(context.Background(), reqs, out)
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/keys, "heap-B/key")
-		if be.Len() != keys {
-			b.Fatalf("tracked %d keys, want %d", be.Len(), keys)
-		}
-		runtime.KeepAlive(be)
+	for _, keys := range []int{100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
+			for b.Loop() {
+				be := New(Options{SweepInterval: -1, MaxKeys: 2 * keys}) // room in every shard
+				reqs := []algo.Request{{Limit: algo.Limit{Requests: 100, Window: time.Hour}, Hits: 1}}
+				out := make([]algo.Decision, 1)
+				before := footprint.Baseline()
+				for i := range keys {
+					reqs[0].Key = fmt.Appendf(reqs[0].Key[:0], "5:posts=7:user_id%d:%d|fixed_window/1s", len(strconv.Itoa(i)), i)
+					_ = be.Decide(context.Background(), reqs, out)
+				}
+				filled := footprint.Take()
+				footprint.Cycle()
+				cycled := footprint.Take()
+				if be.Len() != keys {
+					b.Fatalf("tracked %d keys, want %d", be.Len(), keys)
+				}
+				footprint.Report(b, before, filled, cycled, keys)
+				runtime.KeepAlive(be)
+			}
+		})
 	}
 }
 
