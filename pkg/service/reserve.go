@@ -23,8 +23,8 @@ import (
 // that cost and releases one reservation (algo.OpSettle).
 //
 // With auto, each limit learns its reservation, the 95th percentile of
-// the last 256 costs settled, and how long a reservation lasts, twice the
-// 99th percentile of the last 64 check-to-settle times (at least 1 s, at
+// the last 256 costs settled, and how long a reservation lasts, four
+// times the median of the last 64 check-to-settle times (at least 1 s, at
 // most 15 min, half as long again while more than 5% of settles find no
 // reservation left); until it has seen reserveColdSamples costs, it reserves a
 // sixteenth of the limit, or the largest cost seen if more, and until it
@@ -52,7 +52,18 @@ const (
 	// reserveCostPercentile and reserveTimePercentile are what a
 	// reservation and its lifetime follow.
 	reserveCostPercentile = 0.95
-	reserveTimePercentile = 0.99
+	// reserveTimePercentile and reserveTimeFactor make the lifetime four
+	// times the median check-to-settle time: a settle releases the
+	// oldest reservation, which is often one whose stream failed and will
+	// never settle, held as long as the lifetime allows. A high
+	// percentile of the times would follow those, and a lifetime made of
+	// them would hold them longer still; the median does not, while they
+	// are fewer than half. Four medians cover the 99th percentile of
+	// log-normal times up to a spread (sigma) of 0.6, costs of tokens
+	// streamed at a steady pace; a longer tail shows as settles finding no
+	// reservation, which lengthen it (reserveLateShare).
+	reserveTimePercentile = 0.5
+	reserveTimeFactor     = 6
 	// reserveLateShare is the share of settles finding no reservation,
 	// over a run of reserveTimeSamples settles, past which the lifetime
 	// grows by half: reservations end before their streams do.
@@ -150,7 +161,7 @@ func (lr *learner) update(ttl time.Duration) {
 		for i := range times {
 			times[i] = uint64(lr.times[i])
 		}
-		next = 2 * time.Duration(percentile(times, reserveTimePercentile))
+		next = reserveTimeFactor * time.Duration(percentile(times, reserveTimePercentile))
 	}
 	if lr.window >= reserveTimeSamples {
 		// Settles that found no reservation outlived theirs: the times
