@@ -86,10 +86,14 @@ func runAIGatewayScenario(t *testing.T, serverArgs ...string) aigwsim.Report {
 		replicas = append(replicas, rlsv3.NewRateLimitServiceClient(srv.dial(t)))
 	}
 
-	// The filter as AI Gateway's controller configures it by default
-	// (cmd/controller/main.go: quotaRateLimitTimeout 5 s,
-	// quotaRateLimitFailureModeDeny false).
-	client := aigwsim.NewClient(aigwsim.Config{Route: aigwRoute(), Timeout: 5 * time.Second}, replicas...)
+	// The filter as AI Gateway's controller configures it
+	// (cmd/controller/main.go: quotaRateLimitTimeout 5 s), but for
+	// failure_mode_deny: a check that fails is a 500, not an admission
+	// the servers never decided. The measurement is about what the servers
+	// decide; on a machine so busy that Redis misses its deadline, a few
+	// checks fail, and admitted they would charge costs no reservation
+	// held.
+	client := aigwsim.NewClient(aigwsim.Config{Route: aigwRoute(), Timeout: 5 * time.Second, FailureModeDeny: true}, replicas...)
 	warm(t, replicas)
 	now := time.Now()
 	load := aigwsim.Load{
@@ -120,10 +124,10 @@ func runAIGatewayScenario(t *testing.T, serverArgs ...string) aigwsim.Report {
 	if rep.FullWindows < aigwFullWindows {
 		t.Fatalf("%d full windows; want %d", rep.FullWindows, aigwFullWindows)
 	}
-	// The measurement is about what the servers decide, not their
-	// failures: a failed check would admit the stream (fail open).
-	if rep.FailedOpen > 0 || rep.Count(aigwsim.Denied) > 0 {
-		t.Fatalf("%d request-time calls failed", rep.FailedOpen+rep.Count(aigwsim.Denied))
+	// A few failed checks (denied) measure the machine, not the servers;
+	// more would leave too few decisions to measure.
+	if failed := rep.FailedOpen + rep.Count(aigwsim.Denied); failed*100 > rep.Requests {
+		t.Fatalf("%d of %d request-time calls failed: the machine is too busy to measure", failed, rep.Requests)
 	}
 	if rep.DemandWindows < rep.FullWindows {
 		t.Fatalf("demand exceeded the limit in %d of %d full windows; want all, or the scenario shows nothing", rep.DemandWindows, rep.FullWindows)
