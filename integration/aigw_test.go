@@ -16,17 +16,23 @@ import (
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
 )
 
-// The AI Gateway scenario of issue 31, run six times faster so that
-// several full windows fit in a test: 40 concurrent users, 50,000 tokens
-// a window of 10 s (the issue's minute), streams of a median 700 and at
-// most 4,000 tokens lasting up to 1.7 s (the issue's 10.3 s), 5% upstream
-// failures. Streams and windows alike are scaled (aigwScale): as many are
-// in flight at a window's end as in the issue's scenario.
+// aigwScenario is the AI Gateway scenario of issue 31: 40 concurrent
+// users, 50,000 tokens a window, streams of a median 700 and at most
+// 4,000 tokens, 5% upstream failures (aigwsim.DefaultWorkload), measured
+// over full windows. The issue's window is a minute; the tests run it six
+// times faster (aigwFast), streams and windows alike, so that as many
+// streams are in flight at a window's end, against as large a limit.
+type aigwScenario struct {
+	window time.Duration
+	full   int // full windows measured
+}
+
+// aigwFast is the scenario the tests run: windows of 10 s, three of them.
+var aigwFast = aigwScenario{window: 10 * time.Second, full: 3}
+
 const (
-	aigwLimit       = 50000
-	aigwWindow      = 10 * time.Second
-	aigwUsers       = 40
-	aigwFullWindows = 3
+	aigwLimit = 50000
+	aigwUsers = 40
 )
 
 // aigwRoute is the route and QuotaPolicy of the scenario.
@@ -34,16 +40,21 @@ func aigwRoute() aigwsim.Route {
 	return aigwsim.Route{Namespace: "default", Backend: "openai", Model: "gpt-4o"}
 }
 
-// aigwRules is the rule AI Gateway's translator.BuildRateLimitConfigs
+// rules is the rule AI Gateway's translator.BuildRateLimitConfigs
 // (internal/ratelimit/translator/translator.go, ai-gateway c217da8a)
 // builds for the route's QuotaPolicy, which reaches the service over xDS:
 // domain ai-gateway-quota, backend_name → model_name_override, a fixed
 // window in tokens, quota_mode as buildPerModelDescriptorKeyed sets it.
-// Its window is 10 s, which AI Gateway's units cannot say, and it is read
-// from a file; over_limit_hits: count is today's best, counting the
-// stream-done costs that land past the limit.
-func aigwRules(over string) string {
+// A window other than a minute, which AI Gateway's units cannot say, is
+// written with unit_multiplier, and the rule is read from a file; over is
+// a line for the rate_limit (over_limit_hits: count, today's best for
+// counting the stream-done costs that land past the limit), or empty.
+func (sc aigwScenario) rules(over string) string {
 	r := aigwRoute()
+	unit := "unit: minute"
+	if sc.window != time.Minute {
+		unit = fmt.Sprintf("unit: second\n          unit_multiplier: %d", sc.window/time.Second)
+	}
 	return fmt.Sprintf(`domain: %s
 descriptors:
   - key: %s
@@ -54,17 +65,36 @@ descriptors:
         quota_mode: true
         rate_limit:
           requests_per_unit: %d
-          unit: second
-          unit_multiplier: %d
+          %s
 %s`, aigwsim.Domain, aigwsim.BackendNameKey, r.Namespace, r.Backend,
-		aigwsim.ModelNameKey, r.Model, aigwLimit, aigwWindow/time.Second, over)
+		aigwsim.ModelNameKey, r.Model, aigwLimit, unit, over)
 }
 
-// runAIGatewayScenario runs the scenario against two real ratelimitd
+// scale scales d, a time of the issue's scenario of windows of a minute,
+// to the scenario's window.
+func (sc aigwScenario) scale(d time.Duration) time.Duration {
+	return d * sc.window / time.Minute
+}
+
+// workload is aigwsim.DefaultWorkload with its durations scaled.
+func (sc aigwScenario) workload() aigwsim.Workload {
+	w := aigwsim.DefaultWorkload()
+	w.FirstToken, w.PerToken = sc.scale(w.FirstToken), sc.scale(w.PerToken)
+	return w
+}
+
+// runAIGatewayScenario runs the fast scenario against two real ratelimitd
 // replicas, started with serverArgs, on one real Redis, and returns its
-// measurement. The load runs from now to the end of the aigwFullWindows-th
-// full window after now (30 to 40 s); streams still going then are reset.
+// measurement (30 to 40 s).
 func runAIGatewayScenario(t *testing.T, serverArgs ...string) aigwsim.Report {
+	t.Helper()
+	return aigwFast.runRatelimitd(t, serverArgs...)
+}
+
+// runRatelimitd runs the scenario against two real ratelimitd replicas,
+// started with serverArgs, on one real Redis, logs what they learnt of
+// their reservations, and returns the measurement.
+func (sc aigwScenario) runRatelimitd(t *testing.T, serverArgs ...string) aigwsim.Report {
 	t.Helper()
 	redis := redistest.Start(t)
 	dir := t.TempDir()
@@ -74,7 +104,7 @@ func runAIGatewayScenario(t *testing.T, serverArgs ...string) aigwsim.Report {
 	if slices.Contains(serverArgs, "-reserve") {
 		over = ""
 	}
-	if err := os.WriteFile(filepath.Join(dir, "ai-gateway-quota.yaml"), []byte(aigwRules(over)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "ai-gateway-quota.yaml"), []byte(sc.rules(over)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	args := append(redisArgs(t, redis.URL, "standalone", "-config", dir), serverArgs...)
@@ -85,7 +115,24 @@ func runAIGatewayScenario(t *testing.T, serverArgs ...string) aigwsim.Report {
 		servers = append(servers, srv)
 		replicas = append(replicas, rlsv3.NewRateLimitServiceClient(srv.dial(t)))
 	}
+	rep := sc.run(t, fmt.Sprintf("ratelimitd %q", serverArgs), replicas)
+	for i, srv := range servers {
+		var learnt []string
+		for _, l := range strings.Split(httpGet(t, "http://"+srv.httpAddr+"/metrics"), "\n") {
+			if strings.HasPrefix(l, "ratelimitd_reserve_") {
+				learnt = append(learnt, l)
+			}
+		}
+		t.Logf("replica %d learnt:\n%s", i, strings.Join(learnt, "\n"))
+	}
+	return rep
+}
 
+// run runs the scenario's load against the replicas of the server named
+// what, from now to the end of its sc.full-th full window (streams still
+// going then are reset), and returns its measurement.
+func (sc aigwScenario) run(t *testing.T, what string, replicas []rlsv3.RateLimitServiceClient) aigwsim.Report {
+	t.Helper()
 	// The filter as AI Gateway's controller configures it
 	// (cmd/controller/main.go: quotaRateLimitTimeout 5 s), but for
 	// failure_mode_deny: a check that fails is a 500, not an admission
@@ -98,31 +145,22 @@ func runAIGatewayScenario(t *testing.T, serverArgs ...string) aigwsim.Report {
 	now := time.Now()
 	load := aigwsim.Load{
 		Users:       aigwUsers,
-		Workload:    aigwWorkload(),
-		Think:       aigwScale(250 * time.Millisecond),
-		For:         now.Truncate(aigwWindow).Add((aigwFullWindows + 1) * aigwWindow).Sub(now),
-		MaxRequests: 100_000,
+		Workload:    sc.workload(),
+		Think:       sc.scale(250 * time.Millisecond),
+		For:         now.Truncate(sc.window).Add(time.Duration(sc.full+1) * sc.window).Sub(now),
+		MaxRequests: 1_000_000,
 		Seed:        31,
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), load.For+time.Minute)
 	defer cancel()
 	run, err := load.Run(ctx, client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := aigwsim.Measure(run, aigwLimit, aigwWindow)
-	t.Logf("ratelimitd %q, %d users for %v:\n%s", serverArgs, aigwUsers, load.For.Round(time.Millisecond), rep)
-	for i, srv := range servers {
-		var learnt []string
-		for _, l := range strings.Split(httpGet(t, "http://"+srv.httpAddr+"/metrics"), "\n") {
-			if strings.HasPrefix(l, "ratelimitd_reserve_") {
-				learnt = append(learnt, l)
-			}
-		}
-		t.Logf("replica %d learnt:\n%s", i, strings.Join(learnt, "\n"))
-	}
-	if rep.FullWindows < aigwFullWindows {
-		t.Fatalf("%d full windows; want %d", rep.FullWindows, aigwFullWindows)
+	rep := aigwsim.Measure(run, aigwLimit, sc.window)
+	t.Logf("%s, %d users for %v:\n%s", what, aigwUsers, load.For.Round(time.Millisecond), rep)
+	if rep.FullWindows < sc.full {
+		t.Fatalf("%d full windows; want %d", rep.FullWindows, sc.full)
 	}
 	// A few failed checks (denied) measure the machine, not the servers;
 	// more would leave too few decisions to measure.
@@ -133,22 +171,6 @@ func runAIGatewayScenario(t *testing.T, serverArgs ...string) aigwsim.Report {
 		t.Fatalf("demand exceeded the limit in %d of %d full windows; want all, or the scenario shows nothing", rep.DemandWindows, rep.FullWindows)
 	}
 	return rep
-}
-
-// aigwScale scales d, a time of issue 31's scenario of windows of a
-// minute, to the test's windows of aigwWindow: the whole scenario runs
-// faster, streams and windows alike, so that as many streams are in
-// flight at a window's end, against as large a limit, as in the issue's.
-func aigwScale(d time.Duration) time.Duration {
-	return d * aigwWindow / time.Minute
-}
-
-// aigwWorkload is aigwsim.DefaultWorkload with its durations scaled by
-// aigwScale.
-func aigwWorkload() aigwsim.Workload {
-	w := aigwsim.DefaultWorkload()
-	w.FirstToken, w.PerToken = aigwScale(w.FirstToken), aigwScale(w.PerToken)
-	return w
 }
 
 // warm makes one request-time call through each replica, so that no

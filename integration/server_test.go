@@ -649,7 +649,9 @@ func TestHeadersAndExplain(t *testing.T) {
 func TestDashboardMetricsExist(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	s := startServer(t, "-backend", "redis", "-redis-url", srv.URL, "-local-cache-keys", "100",
+	// -reserve auto: the fixed windows of the examples reserve, so the
+	// ratelimitd_reserve_* series exist.
+	s := startServer(t, "-backend", "redis", "-redis-url", srv.URL, "-local-cache-keys", "100", "-reserve", "auto",
 		"-redis-prefix", fmt.Sprintf("dash:%d:", time.Now().UnixNano()))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
