@@ -73,7 +73,7 @@ descriptors:
 // scale scales d, a time of the scenario of windows of a minute,
 // to the scenario's window.
 func (sc aigwScenario) scale(d time.Duration) time.Duration {
-	return d * sc.window / time.Minute
+	return time.Duration(float64(d) * float64(sc.window) / float64(time.Minute))
 }
 
 // workload is aigwsim.DefaultWorkload with its durations scaled.
@@ -148,7 +148,7 @@ func (sc aigwScenario) run(t *testing.T, what string, replicas []rlsv3.RateLimit
 		Workload:    sc.workload(),
 		Think:       sc.scale(250 * time.Millisecond),
 		For:         now.Truncate(sc.window).Add(time.Duration(sc.full+1) * sc.window).Sub(now),
-		MaxRequests: 1_000_000,
+		MaxRequests: 20_000_000, // refused streams are retried at once: the bound that holds is For
 		Seed:        31,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), load.For+time.Minute)
