@@ -79,10 +79,12 @@ func TestLateCallDecidesNothing(t *testing.T) {
 
 // TestClockOffset: the backend measures the Redis clock's offset (on
 // loopback, the same clock: a few milliseconds at most) and gives calls
-// the instant their caller gives up on it. A wrong offset, which makes a
-// call its caller still waits for late, is forgotten: that call fails
-// (its caller is answered by the failure mode, as on a timeout), the next
-// carries no instant until the offset is measured again.
+// an instant on the Redis clock before their caller gives up, by the
+// offset's uncertainty and the answer's way back. A wrong offset, which
+// makes a call its caller still waits for late sooner than the margin
+// allows, is forgotten: that call fails (its caller is answered by the
+// failure mode, as on a timeout), the next carries no instant until the
+// offset is measured again.
 func TestClockOffset(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
@@ -90,17 +92,26 @@ func TestClockOffset(t *testing.T) {
 	if err := b.LoadScript(ctx); err != nil {
 		t.Fatal(err)
 	}
-	offset, slack, known := b.clock.get(c)
-	if !known || offset.Abs() > 50*time.Millisecond || slack > 50*time.Millisecond {
-		t.Fatalf("offset %v ± %v (known %t) on loopback, want about 0", offset, slack, known)
+	s := b.clock.get(c)
+	if s == nil || s.offset.Abs() > 50*time.Millisecond || s.slack > 50*time.Millisecond {
+		t.Fatalf("offset %+v on loopback, want about 0", s)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	deadline, _ := dctx.Deadline()
-	if got, want := b.notAfter(dctx), deadline.Add(offset+slack+lateMargin); !got.Equal(want) {
-		t.Errorf("not-after %v for a deadline %v with an offset of %v ± %v, want %v", got, deadline, offset, slack, want)
+	// The call gives up at its deadline, or sooner when the client's read
+	// timeout ends it.
+	if got, want := b.giveUp(dctx, time.Now()), time.Now().Add(b.readTimeout); b.readTimeout <= 0 || got.After(want) || got.Before(want.Add(-time.Second)) {
+		t.Errorf("a call with 10 s left on a client whose read timeout is %v gives up at %v, want about %v", b.readTimeout, got, want)
 	}
-	if !New(c, Options{Now: time.Now}).notAfter(dctx).IsZero() {
+	// Before the deadline by the offset's uncertainty (its slack, and
+	// drift since) and the full return margin (the call has 10 s).
+	got := b.lateBound(time.Now(), deadline).notAfter
+	latest := deadline.Add(s.offset - 2*s.slack - returnMargin)
+	if earliest := deadline.Add(s.offset - s.slack - s.uncertainty(time.Now().Add(time.Second)) - returnMargin); got.After(latest) || got.Before(earliest) {
+		t.Errorf("not-after %v for a deadline %v with an offset of %v ± %v, want within [%v, %v]", got, deadline, s.offset, s.slack, earliest, latest)
+	}
+	if !New(c, Options{Now: time.Now}).lateBound(time.Now(), deadline).notAfter.IsZero() {
 		t.Error("a backend deciding by its own clock (no TIME in scripts) sends a not-after instant")
 	}
 
@@ -113,17 +124,52 @@ func TestClockOffset(t *testing.T) {
 		t.Fatalf("with a wrong offset: %v, want a late error", err)
 	}
 	if b.clock.last.Load() != nil {
-		t.Fatal("the wrong offset is still known after a late call its caller waited for")
+		t.Fatal("the wrong offset is still known after a call refused as late 10 s before its deadline")
 	}
 	if err := b.Decide(dctx, []algo.Request{{Key: []byte("k"), Limit: l, Hits: 1}}, out); err != nil || !out[0].Allowed {
 		t.Fatalf("the next call: %+v, %v; want it decided", out[0], err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if offset, _, known := b.clock.get(c); known && offset.Abs() < 50*time.Millisecond {
+		if s := b.clock.get(c); s != nil && s.offset.Abs() < 50*time.Millisecond {
 			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the offset was not measured again within 5s")
 		}
+	}
+}
+
+// TestLateWithinTheMargin: a call refused as late once its not-after
+// instant has passed, within the margin before its caller gives up, is
+// the margin at work, not a wrong offset: the offset is kept. Shown
+// failing against main's checkLate, which forgot the offset for any late
+// call whose caller still waited.
+func TestLateWithinTheMargin(t *testing.T) {
+	b := New(nil, Options{})
+	known := &clockSample{slack: 100 * time.Microsecond, at: time.Now()}
+	b.clock.last.Store(known)
+	b.clock.busy.Store(true) // no measure with the nil client
+	giveUp := time.Now().Add(200 * time.Millisecond)
+	bound := b.lateBound(time.Now(), giveUp)
+	if margin := giveUp.Sub(bound.notAfter); margin < 2*known.slack+returnMargin || margin > 2*known.slack+returnMargin+time.Millisecond {
+		t.Errorf("margin %v, want twice the slack %v, the drift since and the return margin %v", margin, known.slack, returnMargin)
+	}
+	time.Sleep(time.Until(bound.notAfter) + time.Millisecond)
+	b.checkLate(bound, algo.ErrLate)
+	if b.clock.last.Load() != known {
+		t.Fatal("the offset was forgotten for a call refused as late past its not-after instant, within the margin")
+	}
+	// Refused as late before even the not-after instant (at the offset's
+	// widest) came: the offset is wrong.
+	b.checkLate(b.lateBound(time.Now(), time.Now().Add(time.Second)), algo.ErrLate)
+	if b.clock.last.Load() != nil {
+		t.Fatal("the offset was kept though a call was refused as late a second before its caller gives up")
+	}
+	// A short deadline is not all margin: the return margin is at most a
+	// quarter of the call's time.
+	b.clock.last.Store(known)
+	giveUp = time.Now().Add(4 * time.Millisecond)
+	if left := b.lateBound(time.Now(), giveUp).notAfter.Sub(time.Now()); left < 2*time.Millisecond {
+		t.Errorf("a call with 4 ms left has %v before its not-after instant, want most of it", left)
 	}
 }

@@ -15,13 +15,14 @@ const maxCoalesced = 256
 // arguments are built by the caller, so that a worker never reads the
 // caller's requests, which the caller may reuse once it gave up.
 type job struct {
-	ctx  context.Context
-	n    int // requests
-	keys []string
-	args []any // the requests' arguments, without the call's header
-	res  []algo.Decision
-	err  error
-	done chan struct{}
+	ctx   context.Context
+	start time.Time // when the caller asked
+	n     int       // requests
+	keys  []string
+	args  []any // the requests' arguments, without the call's header
+	res   []algo.Decision
+	err   error
+	done  chan struct{}
 }
 
 // coalescer runs Decide calls through a few workers, each of which takes
@@ -47,7 +48,7 @@ func (c *coalescer) close() { close(c.quit) }
 
 // decide queues reqs for a worker and waits for its decisions, or for ctx.
 func (c *coalescer) decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
-	j := &job{ctx: ctx, n: len(reqs), res: make([]algo.Decision, len(reqs)), done: make(chan struct{})}
+	j := &job{ctx: ctx, start: time.Now(), n: len(reqs), res: make([]algo.Decision, len(reqs)), done: make(chan struct{})}
 	j.keys, reqs = c.b.prepare(reqs, false)
 	j.args = algo.AppendRequestArgs(make([]any, 0, algo.ScriptArgsPerRequest*len(reqs)), reqs)
 	select {
@@ -110,25 +111,29 @@ func (c *coalescer) run(group []*job) {
 	if c.b.opts.Now != nil {
 		now = c.b.opts.Now()
 	}
+	// The call is bounded by the longest deadline of its callers.
+	ctx, cancel := context.WithTimeout(context.Background(), c.deadline(live))
+	defer cancel()
 	keys := make([]string, 0, len(live)*live[0].n)
 	args := algo.AppendBatchesHeader(make([]any, 0, 4+len(live)+len(live)*algo.ScriptArgsPerRequest*live[0].n), now, c.b.minTTL, time.Time{}, len(live))
 	// Each job's batch carries the instant after which it decides nothing:
-	// its caller's deadline (on the Redis clock).
-	for _, j := range live {
-		var notAfter time.Time
-		if d, ok := j.ctx.Deadline(); ok {
-			notAfter = c.b.notAfterOf(d)
+	// before its caller gives up, or the call does (the client's read
+	// timeout), by the margin (clock.go).
+	giveUp := c.b.giveUp(ctx, time.Now())
+	bounds := make([]lateBound, len(live))
+	for i, j := range live {
+		g := giveUp
+		if d, ok := j.ctx.Deadline(); ok && (g.IsZero() || d.Before(g)) {
+			g = d
 		}
-		args = algo.AppendBatchLen(args, j.n, notAfter)
+		bounds[i] = c.b.lateBound(j.start, g)
+		args = algo.AppendBatchLen(args, j.n, bounds[i].notAfter)
 	}
 	for _, j := range live {
 		keys = append(keys, j.keys...)
 		args = append(args, j.args...)
 	}
-	// The call is bounded by the longest deadline of its callers.
-	ctx, cancel := context.WithTimeout(context.Background(), c.deadline(live))
 	reply, err := c.b.run(ctx, c.b.client, keys, args)
-	cancel()
 	late := make([]bool, len(live))
 	if err == nil {
 		outs := make([][]algo.Decision, len(live))
@@ -143,8 +148,8 @@ func (c *coalescer) run(group []*job) {
 		j.err = err
 		if late[i] && err == nil {
 			j.err = fmt.Errorf("redis: %w", algo.ErrLate)
-			c.b.checkLate(j.ctx, j.err)
 		}
+		c.b.checkLate(bounds[i], j.err)
 		close(j.done)
 	}
 }
