@@ -30,7 +30,10 @@ import (
 //     machine.
 //
 // The caller gives up at its deadline, or sooner when the client's read
-// timeout ends the call (giveUp).
+// timeout ends the call (giveUp). An answer that reached this machine
+// before the deadline was acted upon is still read (lateread.go), and a
+// coalesced caller waits for its call (coalesce.go), so that the margin
+// need not cover this process's own scheduling.
 const (
 	// clockEvery is how often the offset is measured again.
 	clockEvery = time.Second
