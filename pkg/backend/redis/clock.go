@@ -151,6 +151,8 @@ type lateBound struct {
 	// the Redis clock past notAfter, which even at the offset's widest is
 	// no earlier than this.
 	wrongBefore time.Time
+	// clock is the offset the bound was computed with.
+	clock *clockOffset
 }
 
 // lateBound returns the bound of a call made at start whose caller gives
@@ -161,16 +163,27 @@ type lateBound struct {
 // the script decides by Options.Now: that is for services that forbid
 // TIME in scripts, which the script would need to tell a late call.
 func (b *Backend) lateBound(start, giveUp time.Time) lateBound {
+	return b.lateBoundOn(&b.clock, b.client, start, giveUp)
+}
+
+// lateBoundOn is lateBound with the offset o of the server c reaches: in
+// a Cluster, of the primary the call goes to. While o is unknown, the
+// backend's own offset stands in.
+func (b *Backend) lateBoundOn(o *clockOffset, c goredis.UniversalClient, start, giveUp time.Time) lateBound {
 	if giveUp.IsZero() || b.opts.Now != nil {
 		return lateBound{}
 	}
-	s := b.clock.get(b.client)
+	s := o.get(c)
+	if s == nil && o != &b.clock {
+		o = &b.clock
+		s = o.get(b.client)
+	}
 	if s == nil {
 		return lateBound{}
 	}
 	u := s.uncertainty(time.Now())
 	margin := u + s.slack + max(0, min(returnMargin, giveUp.Sub(start)/returnShare))
-	return lateBound{notAfter: giveUp.Add(s.offset - margin), wrongBefore: giveUp.Add(-margin - u)}
+	return lateBound{notAfter: giveUp.Add(s.offset - margin), wrongBefore: giveUp.Add(-margin - u), clock: o}
 }
 
 // giveUp returns the instant a call under ctx made at now gives up
@@ -197,9 +210,34 @@ func (b *Backend) giveUp(ctx context.Context, now time.Time) time.Time {
 // checkLate forgets the clocks' offset when err says a call of bound was
 // refused as late sooner than the offset allows: the offset was wrong.
 func (b *Backend) checkLate(bound lateBound, err error) {
-	if algo.IsLate(err) && !bound.wrongBefore.IsZero() && time.Now().Before(bound.wrongBefore) {
-		b.clock.forget()
+	if algo.IsLate(err) && bound.clock != nil && time.Now().Before(bound.wrongBefore) {
+		bound.clock.forget()
 	}
+}
+
+// primaryBound is lateBound on the clock of the Cluster primary serving
+// key: the primaries are machines of their own, whose clocks may
+// disagree by more than the margin, and one offset measured on any node
+// would move the instant of the calls to the others by as much.
+func (b *Backend) primaryBound(ctx context.Context, key string, start, giveUp time.Time) lateBound {
+	if giveUp.IsZero() || b.opts.Now != nil {
+		return lateBound{}
+	}
+	c, err := b.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return b.lateBound(start, giveUp)
+	}
+	return b.lateBoundOn(b.nodeClock(c.Options().Addr), c, start, giveUp)
+}
+
+// nodeClock returns the offset of the clock of the Cluster node at addr.
+// Nodes are few; one replaced keeps its entry.
+func (b *Backend) nodeClock(addr string) *clockOffset {
+	if o, ok := b.nodeClocks.Load(addr); ok {
+		return o.(*clockOffset)
+	}
+	o, _ := b.nodeClocks.LoadOrStore(addr, &clockOffset{})
+	return o.(*clockOffset)
 }
 
 // readTimeoutOf returns the read timeout of client, or 0 when it has

@@ -3,9 +3,11 @@ package redis
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/ratelimitd/ratelimitd/internal/redistest"
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
@@ -171,5 +173,54 @@ func TestLateWithinTheMargin(t *testing.T) {
 	giveUp = time.Now().Add(4 * time.Millisecond)
 	if left := b.lateBound(time.Now(), giveUp).notAfter.Sub(time.Now()); left < 2*time.Millisecond {
 		t.Errorf("a call with 4 ms left has %v before its not-after instant, want most of it", left)
+	}
+}
+
+// TestClusterClockPerPrimary: in a Cluster each primary's clock offset is
+// measured, and a call's instant is put on the clock of the primary it
+// goes to: a primary whose offset is wrong (its clock elsewhere) has its
+// calls refused as late and its offset forgotten, and the others are
+// decided as before. Shown failing against one offset, measured on any
+// node, for the calls to every primary.
+func TestClusterClockPerPrimary(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	b := dial(t, Config{URL: c.URL, Mode: Cluster}, Options{Prefix: uniquePrefix(t)})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 100, Window: time.Hour}
+	keys := map[string][]byte{} // a key of each primary, by its address
+	for i := 0; len(keys) < 3 && i < 1000; i++ {
+		k := descriptorKey("api", "user", strconv.Itoa(i), l)
+		if addr := b.primary(ctx, b.clusterKey(k)); addr != "" && keys[addr] == nil {
+			keys[addr] = k
+		}
+	}
+	if len(keys) != 3 {
+		t.Fatalf("keys on %d primaries, want 3", len(keys))
+	}
+	var wrong string
+	for addr := range keys {
+		if b.nodeClock(addr).last.Load() == nil {
+			t.Errorf("no offset measured for primary %s when the backend was dialled", addr)
+		}
+		wrong = addr
+	}
+	// The clock of one primary an hour behind, as the backend wrongly
+	// believes.
+	b.nodeClock(wrong).last.Store(&clockSample{offset: -time.Hour, at: time.Now()})
+	out := make([]algo.Decision, 1)
+	for addr, k := range keys {
+		err := b.Decide(ctx, []algo.Request{{Key: k, Limit: l, Hits: 1}}, out)
+		switch {
+		case addr == wrong && !algo.IsLate(err):
+			t.Errorf("primary %s, whose offset is wrong: %v, want refused as late", addr, err)
+		case addr != wrong && (err != nil || !out[0].Allowed):
+			t.Errorf("primary %s: %+v, %v; want decided", addr, out[0], err)
+		}
+	}
+	for addr := range keys {
+		if known := b.nodeClock(addr).last.Load() != nil; known != (addr != wrong) {
+			t.Errorf("primary %s: offset known %t after the calls; want only the wrong one forgotten", addr, known)
+		}
 	}
 }

@@ -196,10 +196,10 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 	var groupBuf [4]*slotGroup // the groups of most batches, on the stack
 	groups := groupBySlot(groupBuf[:0], keys, reqs)
 	start := time.Now()
-	bound := b.lateBound(start, b.giveUp(ctx, start))
+	giveUp := b.giveUp(ctx, start)
 	for _, g := range groups {
-		g.bound = bound
-		g.args = algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(g.reqs)), now, b.minTTL, bound.notAfter, g.reqs)
+		g.bound = b.primaryBound(ctx, g.keys[0], start, giveUp)
+		g.args = algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(g.reqs)), now, b.minTTL, g.bound.notAfter, g.reqs)
 	}
 	nodes, err := b.admitPrimaries(ctx, gate, groups)
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -88,6 +89,9 @@ type Backend struct {
 	// deadline into the instant after which its call decides nothing
 	// (clock.go).
 	clock clockOffset
+	// nodeClocks holds, in a Cluster, the offset of each primary's clock
+	// (address → *clockOffset), which its calls' instants are put on.
+	nodeClocks sync.Map
 	// readTimeout is the client's, which may end a call before its
 	// caller's deadline (0: none known).
 	readTimeout time.Duration
@@ -124,9 +128,16 @@ func (b *Backend) Functions() bool { return !b.scripts.Load() }
 // front saves the first call that round trip and proves the server runs
 // Lua.
 func (b *Backend) LoadScript(ctx context.Context) error {
-	// The clocks' offset is measured before the first decision; when it
-	// cannot be, decisions measure it meanwhile.
+	// The clocks' offset is measured before the first decision (in a
+	// Cluster, each primary's too); when it cannot be, decisions measure
+	// it meanwhile.
 	_ = b.clock.measure(ctx, b.client)
+	if b.cluster != nil {
+		_ = b.cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			_ = b.nodeClock(c.Options().Addr).measure(ctx, c)
+			return nil
+		})
+	}
 	if !b.scripts.Load() {
 		err := b.loadLibrary(ctx)
 		if err == nil {
