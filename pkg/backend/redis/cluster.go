@@ -134,6 +134,7 @@ type slotGroup struct {
 	keys  []string
 	reqs  []algo.Request
 	args  []any
+	bound lateBound // the call's not-after instant
 	cmd   *goredis.Cmd
 }
 
@@ -194,9 +195,11 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 	keys, reqs := b.prepare(reqs, true)
 	var groupBuf [4]*slotGroup // the groups of most batches, on the stack
 	groups := groupBySlot(groupBuf[:0], keys, reqs)
-	notAfter := b.notAfter(ctx)
+	start := time.Now()
+	giveUp := b.giveUp(ctx, start)
 	for _, g := range groups {
-		g.args = algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(g.reqs)), now, b.minTTL, notAfter, g.reqs)
+		g.bound = b.primaryBound(ctx, g.keys[0], start, giveUp)
+		g.args = algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(g.reqs)), now, b.minTTL, g.bound.notAfter, g.reqs)
 	}
 	nodes, err := b.admitPrimaries(ctx, gate, groups)
 	if err != nil {
@@ -291,6 +294,7 @@ func (b *Backend) decideGroup(ctx context.Context, g *slotGroup, out []algo.Deci
 		_, err = algo.ParseScriptReply(reply, out)
 	}
 	if err != nil {
+		b.checkLate(g.bound, err)
 		err = b.nodeFailed(ctx, g, err)
 	}
 	if gate != nil {
@@ -338,7 +342,7 @@ func (b *Backend) groupReply(ctx context.Context, g *slotGroup, functions bool, 
 		reply, err = b.run(ctx, b.cluster, g.keys, g.args)
 	}
 	if err != nil {
-		b.checkLate(ctx, err)
+		b.checkLate(g.bound, err)
 		err = fmt.Errorf("redis: decision call: %w", err)
 	}
 	return reply, err

@@ -144,3 +144,32 @@ func TestCoalescing(t *testing.T) {
 		t.Errorf("the goroutines' own keys hold %d hits, want the 100 of the admitted batches", total)
 	}
 }
+
+// TestWindow: a coalesced call carries the waiting jobs whose deadlines
+// fall within lateGrace of the earliest, in deadline order, so that no
+// caller waits for its call past its deadline by more than lateGrace;
+// jobs without a deadline go together, last. Shown failing against a
+// window of every waiting job.
+func TestWindow(t *testing.T) {
+	now := time.Now()
+	at := func(d time.Duration) *job { return &job{n: 1, deadline: now.Add(d)} }
+	none := &job{n: 1}
+	jobs := []*job{at(20 * time.Millisecond), none, at(time.Millisecond), at(3 * time.Millisecond), at(lateGrace + 2*time.Millisecond)}
+	if k := window(jobs); k != 2 || jobs[0].deadline != now.Add(time.Millisecond) || jobs[1].deadline != now.Add(3*time.Millisecond) {
+		t.Fatalf("window of %d: the first %d of the jobs ordered by deadline, want the 2 within %v of the earliest", len(jobs), k, lateGrace)
+	}
+	if jobs[len(jobs)-1] != none {
+		t.Error("a job without a deadline is not last")
+	}
+	rest := jobs[2:]
+	if k := window(rest); k != 1 {
+		t.Errorf("window of the rest: %d, want the one within %v of %v", k, lateGrace, rest[0].deadline.Sub(now))
+	}
+	if k := window([]*job{none, {n: 1}}); k != 2 {
+		t.Errorf("window of 2 jobs without deadlines: %d, want both", k)
+	}
+	big := []*job{{n: maxCoalesced - 1, deadline: now}, {n: 2, deadline: now}}
+	if k := window(big); k != 1 {
+		t.Errorf("window of %d requests: %d jobs, want 1 (at most %d requests a call)", maxCoalesced+1, k, maxCoalesced)
+	}
+}

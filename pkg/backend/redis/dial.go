@@ -258,6 +258,7 @@ func newStandalone(cfg Config, first *goredis.Options, addrs []string) (goredis.
 	o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout = cfg.PoolSize, cfg.DialTimeout, cfg.ReadTimeout, cfg.WriteTimeout
 	o.PoolTimeout, o.MaxRetries, o.ContextTimeoutEnabled = cfg.ReadTimeout, maxRetries, true
 	o.DialerRetries = dialAttempts
+	o.Dialer = dialer(cfg.DialTimeout, o.TLSConfig)
 	return goredis.NewClient(o), nil
 }
 
@@ -284,6 +285,7 @@ func newSentinel(cfg Config, first *goredis.Options, addrs []string) (goredis.Un
 		MaxRetries:            maxRetries,
 		DialerRetries:         dialAttempts,
 		ContextTimeoutEnabled: true,
+		Dialer:                dialer(cfg.DialTimeout, first.TLSConfig),
 	}), nil
 }
 
@@ -306,6 +308,7 @@ func newCluster(cfg Config, first *goredis.Options, addrs []string) (goredis.Uni
 		MaxRetries:            maxRetries,
 		DialerRetries:         dialAttempts,
 		ContextTimeoutEnabled: true,
+		Dialer:                dialer(cfg.DialTimeout, first.TLSConfig),
 		// A primary that dies gives no MOVED, only refused
 		// connections: the slot map is read again every period, and
 		// whenever a primary fails (Backend.DecideVia).

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -88,6 +89,12 @@ type Backend struct {
 	// deadline into the instant after which its call decides nothing
 	// (clock.go).
 	clock clockOffset
+	// nodeClocks holds, in a Cluster, the offset of each primary's clock
+	// (address → *clockOffset), which its calls' instants are put on.
+	nodeClocks sync.Map
+	// readTimeout is the client's, which may end a call before its
+	// caller's deadline (0: none known).
+	readTimeout time.Duration
 }
 
 // New returns a backend on client, which the caller keeps and closes. The
@@ -101,6 +108,7 @@ func New(client goredis.UniversalClient, opts Options) *Backend {
 	b := &Backend{client: client, script: src, sha: sha, lib: algo.Library(name), libName: name, fn: name + "_decide", opts: opts}
 	b.scripts.Store(opts.Scripts)
 	b.cluster, _ = client.(*goredis.ClusterClient)
+	b.readTimeout = readTimeoutOf(client)
 	if opts.Coalesce > 0 && b.cluster == nil {
 		b.co = newCoalescer(b, opts.Coalesce)
 	}
@@ -120,9 +128,16 @@ func (b *Backend) Functions() bool { return !b.scripts.Load() }
 // front saves the first call that round trip and proves the server runs
 // Lua.
 func (b *Backend) LoadScript(ctx context.Context) error {
-	// The clocks' offset is measured before the first decision; when it
-	// cannot be, decisions measure it meanwhile.
+	// The clocks' offset is measured before the first decision (in a
+	// Cluster, each primary's too); when it cannot be, decisions measure
+	// it meanwhile.
 	_ = b.clock.measure(ctx, b.client)
+	if b.cluster != nil {
+		_ = b.cluster.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			_ = b.nodeClock(c.Options().Addr).measure(ctx, c)
+			return nil
+		})
+	}
 	if !b.scripts.Load() {
 		err := b.loadLibrary(ctx)
 		if err == nil {
@@ -179,9 +194,12 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 	}
 
 	keys, reqs := b.prepare(reqs, false)
-	args := algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(reqs)), now, b.minTTL, b.notAfter(ctx), reqs)
+	start := time.Now()
+	bound := b.lateBound(start, b.giveUp(ctx, start))
+	args := algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(reqs)), now, b.minTTL, bound.notAfter, reqs)
 	reply, err := b.run(ctx, b.client, keys, args)
 	if err != nil {
+		b.checkLate(bound, err)
 		return err
 	}
 	_, err = algo.ParseScriptReply(reply, out[:len(reqs)])
@@ -306,7 +324,6 @@ func (b *Backend) run(ctx context.Context, c caller, keys []string, args []any) 
 	if !b.scripts.Load() {
 		reply, err := b.fcall(ctx, c, keys, args)
 		if !unsupported(err) {
-			b.checkLate(ctx, err)
 			return reply, err
 		}
 		b.scripts.Store(true) // this server runs scripts only
@@ -316,7 +333,6 @@ func (b *Backend) run(ctx context.Context, c caller, keys []string, args []any) 
 		reply, err = c.Eval(ctx, b.script, keys, args...).Slice()
 	}
 	if err != nil {
-		b.checkLate(ctx, err)
 		return nil, fmt.Errorf("redis: decision script: %w", err)
 	}
 	return reply, nil
