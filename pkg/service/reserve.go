@@ -23,7 +23,7 @@ import (
 // that cost and releases one reservation (algo.OpSettle).
 //
 // With auto, each limit learns its reservation, the 95th percentile of
-// the last 256 costs settled, and how long a reservation lasts, four
+// the last 256 costs settled, and how long a reservation lasts, six
 // times the median of the last 64 check-to-settle times (at least 1 s, at
 // most 15 min, half as long again while more than 5% of settles find no
 // reservation left); until it has seen reserveColdSamples costs, it reserves a
@@ -52,14 +52,14 @@ const (
 	// reserveCostPercentile and reserveTimePercentile are what a
 	// reservation and its lifetime follow.
 	reserveCostPercentile = 0.95
-	// reserveTimePercentile and reserveTimeFactor make the lifetime four
+	// reserveTimePercentile and reserveTimeFactor make the lifetime six
 	// times the median check-to-settle time: a settle releases the
 	// oldest reservation, which is often one whose stream failed and will
 	// never settle, held as long as the lifetime allows. A high
 	// percentile of the times would follow those, and a lifetime made of
 	// them would hold them longer still; the median does not, while they
-	// are fewer than half. Four medians cover the 99th percentile of
-	// log-normal times up to a spread (sigma) of 0.6, costs of tokens
+	// are fewer than half. Six medians cover the 99th percentile of
+	// log-normal times up to a spread (sigma) of 0.77 (e^(2.33 sigma) = 6), costs of tokens
 	// streamed at a steady pace; a longer tail shows as settles finding no
 	// reservation, which lengthen it (reserveLateShare).
 	reserveTimePercentile = 0.5

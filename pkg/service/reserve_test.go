@@ -115,9 +115,9 @@ func TestSettleCountsInARefusedRequest(t *testing.T) {
 }
 
 // TestReserveAutoLearns: with reserve: auto a limit reserves a sixteenth
-// of itself until it has seen 20 costs, then the 95th percentile of the
+// of itself until it has seen 10 costs, then the 95th percentile of the
 // last 256; how long reservations last follows the check-to-settle times,
-// from 30 s down to four times their median: 8 s for streams of 2 s.
+// from 30 s down to six times their median: 12 s for streams of 2 s.
 func TestReserveAutoLearns(t *testing.T) {
 	f := newFixture(t, `domain: ai-gateway-quota
 descriptors:
@@ -141,8 +141,8 @@ descriptors:
 	}
 	// Learnt at the 320th settle: the last 256 costs are 163 to 418, whose
 	// 95th percentile (the 244th) is 406.
-	if s := st[0]; !s.Auto || s.Hits != 406 || s.Settles != 321 || s.Released != 321 || s.TTL != 8*time.Second {
-		t.Fatalf("learnt %+v; want a reservation of 406, 321 settles all releasing one, a lifetime of 8 s", s)
+	if s := st[0]; !s.Auto || s.Hits != 406 || s.Settles != 321 || s.Released != 321 || s.TTL != 12*time.Second {
+		t.Fatalf("learnt %+v; want a reservation of 406, 321 settles all releasing one, a lifetime of 12 s", s)
 	}
 	a := f.requestTime(t, alice).Statuses[0].LimitRemaining
 	b := f.requestTime(t, alice).Statuses[0].LimitRemaining
@@ -244,28 +244,28 @@ func TestReserveLifetimeGrowsWhileSettlesAreLate(t *testing.T) {
 	}
 	held := algo.Decision{Taken: 100, Valid: time.Second}
 	settle(64, held)
-	if ttl := lr.state().TTL; ttl != 4*time.Second {
-		t.Fatalf("lifetime %v after times of 1 s, want 4 s", ttl)
+	if ttl := lr.state().TTL; ttl != 6*time.Second {
+		t.Fatalf("lifetime %v after times of 1 s, want 6 s", ttl)
 	}
 	settle(61, held)
 	settle(3, algo.Decision{}) // 3 late of 64: not more than 5%
-	if ttl := lr.state().TTL; ttl != 4*time.Second {
-		t.Fatalf("lifetime %v after 3 late settles of 64, want 4 s still", ttl)
+	if ttl := lr.state().TTL; ttl != 6*time.Second {
+		t.Fatalf("lifetime %v after 3 late settles of 64, want 6 s still", ttl)
 	}
 	settle(56, held)
 	settle(8, algo.Decision{}) // 8 of 64
-	if ttl := lr.state().TTL; ttl != 6*time.Second {
-		t.Fatalf("lifetime %v after 8 late settles of 64, want 6 s", ttl)
+	if ttl := lr.state().TTL; ttl != 9*time.Second {
+		t.Fatalf("lifetime %v after 8 late settles of 64, want 9 s", ttl)
 	}
 	settle(64, held)
-	if ttl := lr.state().TTL; ttl != 4*time.Second {
-		t.Fatalf("lifetime %v after a run without late settles, want 4 s again", ttl)
+	if ttl := lr.state().TTL; ttl != 6*time.Second {
+		t.Fatalf("lifetime %v after a run without late settles, want 6 s again", ttl)
 	}
 }
 
 // TestReserveLifetimeIgnoresOrphans: settles release the oldest
 // reservation, often one whose stream failed, held as long as the
-// lifetime let it; the lifetime, four times the median time, does not
+// lifetime let it; the lifetime, six times the median time, does not
 // follow them while they are fewer than half. Learnt from a high
 // percentile, it followed them: 20% of times at the lifetime made it
 // double at every update (seen: 48 s against streams of 2 s).
@@ -281,7 +281,7 @@ func TestReserveLifetimeIgnoresOrphans(t *testing.T) {
 			lr.settled(100, &algo.Decision{Taken: 100, Valid: held})
 		}
 	}
-	if ttl := lr.state().TTL; ttl != 4*time.Second {
-		t.Fatalf("lifetime %v with a fifth of the times at the lifetime, want 4 s: four times the median of 1 s", ttl)
+	if ttl := lr.state().TTL; ttl != 6*time.Second {
+		t.Fatalf("lifetime %v with a fifth of the times at the lifetime, want 6 s: six times the median of 1 s", ttl)
 	}
 }
