@@ -1,17 +1,11 @@
 package integration
 
 import (
-	"bytes"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ratelimitd/ratelimitd/internal/aigwsim"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
@@ -51,49 +45,10 @@ func report(t *testing.T, rep aigwsim.Report) {
 func (sc aigwScenario) runReference(t *testing.T, bin string) aigwsim.Report {
 	t.Helper()
 	redis := redistest.StartNode(t)
-	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "ai-gateway-quota.yaml"), []byte(sc.rules("")), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	root := runtimeRoot(t, map[string]string{"ai-gateway-quota.yaml": sc.rules("")})
 	var replicas []rlsv3.RateLimitServiceClient
 	for range 2 {
-		httpPort, grpcPort, debugPort := freePort(t), freePort(t), freePort(t)
-		var logs bytes.Buffer
-		cmd := exec.Command(bin)
-		cmd.Env = []string{
-			"PATH=" + os.Getenv("PATH"),
-			"HOST=127.0.0.1", "PORT=" + httpPort, "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
-			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + debugPort,
-			"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true",
-			"LOG_LEVEL=warn", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr, "USE_STATSD=false",
-		}
-		cmd.Stdout, cmd.Stderr = &logs, &logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan struct{})
-		var waitErr error
-		go func() { waitErr = cmd.Wait(); close(exited) }()
-		t.Cleanup(func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(10 * time.Second):
-				cmd.Process.Kill()
-				<-exited
-			}
-		})
-		waitHealthy(t, "http://127.0.0.1:"+httpPort+"/healthcheck", exited, func() error { return waitErr })
-		conn, err := grpc.NewClient("127.0.0.1:"+grpcPort, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		replicas = append(replicas, rlsv3.NewRateLimitServiceClient(conn))
+		replicas = append(replicas, startReference(t, bin, root, redis.Addr, "LOG_LEVEL=warn"))
 	}
 	return sc.run(t, "envoyproxy/ratelimit "+bin, replicas)
 }

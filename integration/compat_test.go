@@ -44,11 +44,18 @@ func asReference(t *testing.T) string {
 // loopback ports, with rules in root/ratelimit/config and Redis at addr,
 // plus extra.
 func referenceEnv(root, redisAddr string, extra ...string) []string {
+	return referenceEnvOn(root, redisAddr, "0", "0", "0", extra...)
+}
+
+// referenceEnvOn is the environment of a reference server on the given
+// loopback ports (the reference itself cannot take port 0: it would not
+// say which it got).
+func referenceEnvOn(root, redisAddr, httpPort, grpcPort, debugPort string, extra ...string) []string {
 	return append([]string{
 		"PATH=" + os.Getenv("PATH"),
-		"HOST=127.0.0.1", "PORT=0",
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT=0",
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=0",
+		"HOST=127.0.0.1", "PORT=" + httpPort,
+		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + debugPort,
 		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true",
 		"LOG_LEVEL=info", "LOG_FORMAT=json",
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,

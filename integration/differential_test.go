@@ -1,13 +1,11 @@
 package integration
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -81,47 +79,17 @@ func loadFixture(t *testing.T, name string) refFixture {
 func replayFixture(t *testing.T, f refFixture, check func(i int, st refStep, resp *rlsv3.RateLimitResponse, err error)) {
 	t.Helper()
 	redis := redistest.StartNode(t)
-	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, body := range f.Rules {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	var extra []string
-	for k, v := range f.Env {
-		extra = append(extra, k+"="+v)
+	for _, k := range sortedKeys(f.Env) {
+		extra = append(extra, k+"="+f.Env[k])
 	}
-	sort.Strings(extra)
 	cmd := exec.Command(asReference(t))
-	cmd.Env = referenceEnv(root, redis.Addr, extra...)
+	cmd.Env = referenceEnv(runtimeRoot(t, f.Rules), redis.Addr, extra...)
 	s := startProcess(t, cmd)
 	rls := rlsv3.NewRateLimitServiceClient(s.dial(t))
-	// The scenarios stay within one minute, as the reference's run did.
-	if left := time.Until(time.Now().Truncate(time.Minute).Add(time.Minute)); left < 10*time.Second {
-		time.Sleep(left + 100*time.Millisecond)
-	}
-	for i, st := range f.Steps {
-		switch st.Action {
-		case "kill-redis":
-			redis.Kill(t)
-			continue
-		case "":
-		default:
-			t.Fatalf("step %d: unknown action %q", i, st.Action)
-		}
-		var req rlsv3.RateLimitRequest
-		if err := protojson.Unmarshal(st.Request, &req); err != nil {
-			t.Fatalf("step %d: %v", i, err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		resp, err := rls.ShouldRateLimit(ctx, &req)
-		cancel()
-		check(i, st, resp, err)
-	}
+	replaySteps(t, rls, redis, f.Steps, func(i int, resp *rlsv3.RateLimitResponse, err error) {
+		check(i, f.Steps[i], resp, err)
+	})
 }
 
 // sameAnswer fails t unless resp, ratelimitd's answer to step i, is the

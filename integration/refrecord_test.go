@@ -287,33 +287,43 @@ func timeless(t *testing.T, raw json.RawMessage) any {
 func runReference(t *testing.T, bin string, f refFixture, answer func(i int, resp *rlsv3.RateLimitResponse, err error)) {
 	t.Helper()
 	redis := redistest.StartNode(t)
+	var extra []string
+	for _, k := range sortedKeys(f.Env) {
+		extra = append(extra, k+"="+f.Env[k])
+	}
+	rls := startReference(t, bin, runtimeRoot(t, f.Rules), redis.Addr, extra...)
+	replaySteps(t, rls, redis, f.Steps, answer)
+}
+
+// runtimeRoot is a RUNTIME_ROOT holding rules, file name to contents, in
+// RUNTIME_SUBDIRECTORY ratelimit, as both servers read them.
+func runtimeRoot(t *testing.T, rules map[string]string) string {
+	t.Helper()
 	root := t.TempDir()
 	dir := filepath.Join(root, "ratelimit", "config")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for name, body := range f.Rules {
+	for name, body := range rules {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return root
+}
+
+// startReference starts the envoyproxy/ratelimit binary bin on free
+// loopback ports, serving the rules of root from the Redis at redisAddr
+// with the extra settings, waits until it is healthy, and returns a
+// client of its gRPC port. The process is stopped, and its log shown if
+// the test failed, at the test's end.
+func startReference(t *testing.T, bin, root, redisAddr string, extra ...string) rlsv3.RateLimitServiceClient {
+	t.Helper()
 	httpPort, grpcPort, debugPort := freePort(t), freePort(t), freePort(t)
-	env := []string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOST=127.0.0.1", "PORT=" + httpPort,
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + debugPort,
-		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true",
-		"LOG_LEVEL=info", "LOG_FORMAT=json",
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr,
-		"USE_STATSD=false",
-	}
-	for _, k := range sortedKeys(f.Env) {
-		env = append(env, k+"="+f.Env[k])
-	}
 	var logs bytes.Buffer
 	cmd := exec.Command(bin)
-	cmd.Env, cmd.Stdout, cmd.Stderr = env, &logs, &logs
+	cmd.Env = referenceEnvOn(root, redisAddr, httpPort, grpcPort, debugPort, extra...)
+	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -337,13 +347,19 @@ func runReference(t *testing.T, bin string, f refFixture, answer func(i int, res
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	rls := rlsv3.NewRateLimitServiceClient(conn)
-	// The scenarios stay within one minute, as replayFixture's do.
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
+// replaySteps sends the requests of steps in order to rls within one
+// minute, as the reference's recordings were made, kills redis at a
+// "kill-redis" step, and calls answer with each request's step and answer.
+func replaySteps(t *testing.T, rls rlsv3.RateLimitServiceClient, redis *redistest.Node, steps []refStep, answer func(i int, resp *rlsv3.RateLimitResponse, err error)) {
+	t.Helper()
 	if left := time.Until(time.Now().Truncate(time.Minute).Add(time.Minute)); left < 10*time.Second {
 		time.Sleep(left + 100*time.Millisecond)
 	}
-	for i, st := range f.Steps {
+	for i, st := range steps {
 		switch st.Action {
 		case "kill-redis":
 			redis.Kill(t)
