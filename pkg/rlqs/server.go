@@ -837,7 +837,7 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 		if err == nil && (was || c.p.lease.contended(c.p.limit)) {
 			// Where the budget is plentiful (and was), a stream takes
 			// what it needs at its next report: nothing to push.
-			s.rebalance(c)
+			s.rebalance(c, sent)
 		}
 		if err == nil {
 			s.pollStarved(c.p, c.interval, sent)
@@ -866,19 +866,28 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 // which may call the store again
 // (at most one renewal of a pool is on its way at once, and reads are
 // spaced): shares settle in a few calls. Called with s.mu held.
-func (s *Server) rebalance(c *call) {
+func (s *Server) rebalance(c *call, now time.Time) {
 	p, l := c.p, &c.p.lease
 	if l.dropped {
 		return
 	}
 	// What the pool could give at once: what its lease holds beyond the
-	// assignments in force, and what no replica holds. Members short of
-	// their target are pushed while it lasts, not all for one free unit.
+	// assignments in force, and what no replica holds, where a push would
+	// take it. Members short of their target are pushed while it lasts,
+	// not all for one free unit. A push re-decides the bucket out of the
+	// lease, which it renews (taking what is free) only when the lease no
+	// longer backs an assignment or the pool renews anyway (renewal: not
+	// while its streams use under 90% of what it holds). Free units it
+	// would not take woke the member again after each read its push made:
+	// a loop of store reads that sent nothing, until a report or the
+	// clock changed the pool.
 	var room uint64
 	if held := l.held(); held > p.assigned {
 		room = held - p.assigned
 	}
-	room += l.free
+	if !l.backs(p.limit, now) || p.renewal(l.contended(p.limit)) {
+		room += l.free
+	}
 	for id, m := range p.members {
 		t := p.targetOf(m, s.pol, l.gCount, l.gDemand)
 		// A small shortfall is pushed only when units nobody holds appeared
