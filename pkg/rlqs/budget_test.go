@@ -2,6 +2,7 @@ package rlqs_test
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -63,6 +64,18 @@ func TestReplicasShareOneBudget(t *testing.T) {
 	}
 	t.Logf("admitted %d in %d s across 2 replicas (limit %d/s, bound %.0f); shares %v %v %v %v",
 		total, seconds, limit, b, share(clients[0]), share(clients[1]), share(clients[2]), share(clients[3]))
+	// docs/rlqs.md (Across replicas, "Checked by") quotes this run: it is
+	// deterministic (one fake clock; quiet waits for every push), so the
+	// numbers are checked exactly, and a change that moves them updates
+	// the doc with them.
+	if total != 1992 || math.Round(b) != 2450 {
+		t.Errorf("admitted %d against a bound of %.0f; docs/rlqs.md quotes 1,992 against 2,450: update both together", total, b)
+	}
+	for i, c := range clients {
+		if sh := share(c); sh != 25 {
+			t.Errorf("client %d: share %v; docs/rlqs.md quotes 25 each: update both together", i, sh)
+		}
+	}
 
 	// One Envoy of replica 2 leaves: its lease goes back, the others take it.
 	clients[3].Close()
@@ -80,6 +93,9 @@ func TestReplicasShareOneBudget(t *testing.T) {
 			t.Fatalf("assignments sum to %v, over %d", n, limit)
 		} else if n >= 95 {
 			t.Logf("%d interval(s) after a stream ended, the other three hold %v", i, n)
+			if i != 1 || math.Abs(n-99.9) > 1e-9 {
+				t.Errorf("the other three hold %v %d interval(s) after a stream ended; docs/rlqs.md quotes 99.9 one report later: update both together", n, i)
+			}
 			return
 		}
 	}
@@ -99,14 +115,24 @@ func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 	r2 := startOn(t, rlqs.Options{Budget: store}, clk)
 	a, b := r1.sim(t), r2.sim(t)
 	clients := []*rlqssim.Client{a, b}
+	// doc is what docs/rlqs.md (Across replicas, "Checked by") quotes of
+	// each phase: the shares after 8 intervals and the intervals they
+	// took to follow. The run is deterministic (one fake clock; quiet
+	// waits for every push), so they are checked exactly: a change that
+	// moves them updates the doc with them.
+	type quoted struct {
+		sa, sb   float64
+		followed int
+	}
 	phases := []struct {
 		rates  []float64
 		reason string
 		ok     func(sa, sb float64) bool
+		doc    quoted
 	}{
-		{[]float64{160, 40}, "about 4:1 summing to about 100", func(sa, sb float64) bool { return sa >= 3*sb && sa+sb >= 90 }},
-		{[]float64{40, 160}, "about 1:4 summing to about 100", func(sa, sb float64) bool { return sb >= 3*sa && sa+sb >= 90 }},
-		{[]float64{0, 160}, "the floor (5) to the idle one, the rest to the busy one", func(sa, sb float64) bool { return sa <= 5 && sb >= 90 }},
+		{[]float64{160, 40}, "about 4:1 summing to about 100", func(sa, sb float64) bool { return sa >= 3*sb && sa+sb >= 90 }, quoted{76.8, 23, 1}},
+		{[]float64{40, 160}, "about 1:4 summing to about 100", func(sa, sb float64) bool { return sb >= 3*sa && sa+sb >= 90 }, quoted{23, 77, 3}},
+		{[]float64{0, 160}, "the floor (5) to the idle one, the rest to the busy one", func(sa, sb float64) bool { return sa <= 5 && sb >= 90 }, quoted{5, 95, 1}},
 	}
 	for _, ph := range phases {
 		followed := -1
@@ -133,6 +159,9 @@ func TestSharesFollowDemandAcrossReplicas(t *testing.T) {
 			t.Errorf("demand %v across replicas: shares followed after %d intervals, want at most 6", ph.rates, followed)
 		}
 		t.Logf("demand %v: shares %v:%v, followed within %d interval(s)", ph.rates, sa, sb, followed)
+		if got := (quoted{sa, sb, followed}); math.Abs(got.sa-ph.doc.sa) > 1e-9 || math.Abs(got.sb-ph.doc.sb) > 1e-9 || got.followed != ph.doc.followed {
+			t.Errorf("demand %v: shares and intervals %v; docs/rlqs.md quotes %v: update both together", ph.rates, got, ph.doc)
+		}
 	}
 }
 
@@ -424,6 +453,14 @@ func TestStarvedPoolLooksAgainBeforeItsNextReport(t *testing.T) {
 	}
 	if overLimit(share(a)+after, 100) {
 		t.Errorf("shares %.1f + %.1f over the limit 100", share(a), after)
+	}
+	// docs/rlqs.md (Across replicas, starved pools) quotes this run, which
+	// is deterministic (one fake clock; quiet waits for the look's push):
+	// 50 at the report, 80.4 a fifth of a period later (50 without the
+	// look: pollStarved returning at once fails the check above). A
+	// change that moves them updates the doc with them.
+	if atReport != 50 || math.Abs(after-80.4) > 1e-9 {
+		t.Errorf("Envoy 2 holds %v at its report, %v a fifth of a period later; docs/rlqs.md quotes 50 and 80.4: update both together", atReport, after)
 	}
 }
 
