@@ -361,12 +361,12 @@ func TestSharesFollowDemandAtEnvoyPhases(t *testing.T) {
 			for range steps {
 				clk.Advance(10 * time.Millisecond)
 				for i, c := range clients {
-					reports := c.Stats().Reports
 					for owed[i] += rates[i] / 100; owed[i] >= 1; owed[i]-- {
+						reports := c.Stats().Reports
 						c.Allow(acmeBucket)
-					}
-					if c.Stats().Reports != reports {
-						quiet(t, clients...) // a new bucket's report, and what it caused
+						if c.Stats().Reports != reports {
+							quiet(t, clients...) // a new bucket's report: its answer before the next request
+						}
 					}
 				}
 				for i, c := range clients {
@@ -419,7 +419,11 @@ func TestStarvedPoolLooksAgainBeforeItsNextReport(t *testing.T) {
 			clk.Advance(10 * time.Millisecond)
 			for i, c := range []*rlqssim.Client{a, b} {
 				for owed[i] += rates[i] / 100; owed[i] >= 1; owed[i]-- {
+					reports := c.Stats().Reports
 					c.Allow(acmeBucket)
+					if c.Stats().Reports != reports {
+						quiet(t, a, b) // a new bucket's report: its answer before the clock moves on
+					}
 				}
 			}
 			step++
