@@ -128,7 +128,13 @@ func TestSimulatedEnvoyTTLAtItsPeriod(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// Until then the TTL is twice the 5 s assumed: at 12 s, the
+			// partial interval's assignment (10 s from second 6) lapses
+			// before the report at second 18, as docs/rlqs.md says.
 			learnt := c.Stats().Expired
+			if want := map[time.Duration]uint64{12 * time.Second: 1, 2 * time.Second: 0}[period]; learnt != want {
+				t.Errorf("period %v: %d assignments lapsed before the period was learnt, want %d", period, learnt, want)
+			}
 			for i := range 4 {
 				// Just before the next report, the assignment holds.
 				f.clock.Advance(period - time.Millisecond)
