@@ -465,7 +465,10 @@ func (c *Client) sendPeriodic() (sent bool) {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	c.mu.Lock()
-	if c.closed {
+	if c.closed || !c.started {
+		// Envoy's reporting timer starts with its first bucket: before
+		// that there is no report, and no stream (one opened here would
+		// be left open, unused, when the first bucket opens its own).
 		c.mu.Unlock()
 		return false
 	}

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -146,6 +147,15 @@ type Server struct {
 	busy, behind chan struct{}
 	// scratch pools the space of budget calls (*settleScratch).
 	scratch sync.Pool
+	// work counts what may still send a response without a client doing
+	// anything: reports a stream's goroutine took and has not finished
+	// with (their budget calls behind the answer included), wakes of a
+	// stream not yet reassessed, and streams leaving. A piece of work
+	// counts what it causes before it ends, so once every report sent
+	// was taken (stream.received), 0 means no response is on its way but
+	// those sent (stream.responded): what tests wait for instead of a
+	// quiet spell of wall-clock time (export_test.go).
+	work atomic.Int64
 }
 
 // New returns a server deciding buckets with opts.
@@ -253,6 +263,11 @@ type stream struct {
 	moved  map[string]bool
 	// warnedUTF8 is set once a bucket id that is not UTF-8 was logged.
 	warnedUTF8 bool
+	// work is Server.work; received and responded count the reports the
+	// stream's goroutine took and the responses it sent (answers and
+	// pushes), for Server.work's readers.
+	work                *atomic.Int64
+	received, responded atomic.Uint64
 }
 
 // streamBucket is one bucket a stream reports.
@@ -320,7 +335,7 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 	s.mu.Lock()
 	s.streams++
 	s.active++
-	ss := &stream{id: s.streams, buckets: make(map[string]*streamBucket), wake: make(chan struct{}, 1)}
+	ss := &stream{id: s.streams, buckets: make(map[string]*streamBucket), wake: make(chan struct{}, 1), work: &s.work}
 	s.open[ss.id] = ss
 	s.mu.Unlock()
 	defer s.leave(ss)
@@ -357,12 +372,16 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 			}
 			return err
 		case rep := <-reports:
+			s.work.Add(1) // before received: see Server.work
+			ss.received.Add(1)
 			s.counts.reports.Add(1)
 			var sendErr error
 			err := s.handle(ss, rep, func(resp *rlqsv3.RateLimitQuotaResponse) {
 				s.sent(resp) // before Send, so the counts include what a client has
+				ss.responded.Add(1)
 				sendErr = st.Send(resp)
 			})
+			s.work.Add(-1)
 			if err != nil {
 				s.opts.Logger.Warn("rlqs report rejected", "stream", ss.id, "domain", ss.domain, "error", err)
 				return s.failed(err)
@@ -371,6 +390,7 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 				return sendErr
 			}
 		case <-ss.wake:
+			var sendErr error
 			if resp, reloaded := s.reassess(ss); resp != nil {
 				if reloaded {
 					s.counts.pushes.Add(1)
@@ -378,9 +398,12 @@ func (s *Server) StreamRateLimitQuotas(st grpc.BidiStreamingServer[rlqsv3.RateLi
 					s.counts.rebalances.Add(1)
 				}
 				s.sent(resp)
-				if err := st.Send(resp); err != nil {
-					return err
-				}
+				ss.responded.Add(1)
+				sendErr = st.Send(resp)
+			}
+			s.work.Add(-1) // the wake's, counted by signal
+			if sendErr != nil {
+				return sendErr
 			}
 		}
 	}
@@ -401,11 +424,14 @@ func (s *Server) Reload() {
 	}
 }
 
-// signal wakes the stream's goroutine to push what changed.
+// signal wakes the stream's goroutine to push what changed. Called with
+// Server.mu held, on an open stream: leave forgets a wake left pending.
 func (ss *stream) signal() {
+	ss.work.Add(1)
 	select {
 	case ss.wake <- struct{}{}:
 	default: // a push is pending already; it reads the latest rules and shares
+		ss.work.Add(-1)
 	}
 }
 
@@ -837,7 +863,7 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 		if err == nil && (was || c.p.lease.contended(c.p.limit)) {
 			// Where the budget is plentiful (and was), a stream takes
 			// what it needs at its next report: nothing to push.
-			s.rebalance(c)
+			s.rebalance(c, sent)
 		}
 		if err == nil {
 			s.pollStarved(c.p, c.interval, sent)
@@ -866,19 +892,28 @@ func (s *Server) settle(batch []algo.Request, calls []call) {
 // which may call the store again
 // (at most one renewal of a pool is on its way at once, and reads are
 // spaced): shares settle in a few calls. Called with s.mu held.
-func (s *Server) rebalance(c *call) {
+func (s *Server) rebalance(c *call, now time.Time) {
 	p, l := c.p, &c.p.lease
 	if l.dropped {
 		return
 	}
 	// What the pool could give at once: what its lease holds beyond the
-	// assignments in force, and what no replica holds. Members short of
-	// their target are pushed while it lasts, not all for one free unit.
+	// assignments in force, and what no replica holds, where a push would
+	// take it. Members short of their target are pushed while it lasts,
+	// not all for one free unit. A push re-decides the bucket out of the
+	// lease, which it renews (taking what is free) only when the lease no
+	// longer backs an assignment or the pool renews anyway (renewal: not
+	// while its streams use under 90% of what it holds). Free units it
+	// would not take woke the member again after each read its push made:
+	// a loop of store reads that sent nothing, until a report or the
+	// clock changed the pool.
 	var room uint64
 	if held := l.held(); held > p.assigned {
 		room = held - p.assigned
 	}
-	room += l.free
+	if !l.backs(p.limit, now) || p.renewal(l.contended(p.limit)) {
+		room += l.free
+	}
 	for id, m := range p.members {
 		t := p.targetOf(m, s.pol, l.gCount, l.gDemand)
 		// A small shortfall is pushed only when units nobody holds appeared
@@ -1142,6 +1177,8 @@ func (s *Server) ttl(interval time.Duration) time.Duration {
 // remain, at their next reports, and its pools' budget it held goes back
 // to the store.
 func (s *Server) leave(ss *stream) {
+	s.work.Add(1)
+	defer s.work.Add(-1)
 	var batch []algo.Request
 	var calls []call
 	s.mu.Lock()
@@ -1154,6 +1191,11 @@ func (s *Server) leave(ss *stream) {
 	ss.buckets = nil
 	s.active--
 	delete(s.open, ss.id)
+	select {
+	case <-ss.wake: // signalled, never reassessed; no more now it is not open
+		s.work.Add(-1)
+	default:
+	}
 	s.mu.Unlock()
 	s.opts.Logger.Debug("rlqs stream ended", "stream", ss.id, "domain", ss.domain)
 	if len(batch) > 0 {

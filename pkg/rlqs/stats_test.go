@@ -101,7 +101,7 @@ func TestStatsBudget(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); len(s.Usage) == 1 && s.Usage[0].Held == 0 && time.Now().Before(deadline); s = f.srv.Stats() {
 		time.Sleep(time.Millisecond)
 	}
-	settled(a, b)
+	settled(t, a, b)
 	if len(s.Usage) != 1 {
 		t.Fatalf("usage %+v, want acme's rule alone", s.Usage)
 	}
