@@ -104,7 +104,7 @@ func TestLeasedAcrossReplicas(t *testing.T) {
 			defer admin.Close()
 			// A slow answer on a loaded machine is no failure here: these
 			// tests are about what is admitted, not how fast.
-			args := append(redisArgs(t, url, topo.mode, "-config", rules, "-redis-read-timeout", "2s", "-redis-write-timeout", "2s"), extra...)
+			args := append(redisArgs(t, url, topo.mode, "-config", rules), extra...)
 			servers := make([]*server, 3)
 			clients := make([]rlsv3.RateLimitServiceClient, 3)
 			for i := range servers {
