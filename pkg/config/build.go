@@ -14,6 +14,11 @@ import (
 // parseFile returns the file's domain, or nil when the file is not even a
 // YAML mapping. Problems are in p.errs either way.
 func (p *parser) parseFile(data []byte) *Domain {
+	if len(data) > MaxFileSize {
+		p.fail(nil, "", "the file is larger than %d bytes (%d MiB), the most a rule file may hold; "+
+			"a domain lives in one file: write its descriptors shorter (flow style, {key: k, value: v})", MaxFileSize, MaxFileSize>>20)
+		return nil
+	}
 	raw, ok := p.decodeFile(data)
 	if !ok {
 		return nil

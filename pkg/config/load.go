@@ -101,7 +101,7 @@ func LoadOptions(path string, opts Options) (*Rules, error) {
 // Parse validates files as one rule set, one domain per file, in native
 // mode. It either returns every rule or, when anything is wrong, nil and
 // an error joining one [*Error] per problem, ordered by file and line:
-// nothing half-loads.
+// nothing half-loads. A file larger than [MaxFileSize] is refused unread.
 func Parse(files ...File) (*Rules, error) {
 	return ParseOptions(Options{}, files...)
 }

@@ -21,6 +21,11 @@ const (
 	// MaxDomainLen is the longest domain name, the longest a request may
 	// carry.
 	MaxDomainLen = 255
+	// MaxFileSize bounds a rule file, in bytes: 64 MiB, about 450,000
+	// descriptors such as route=rN with a nested user limited, some 150
+	// bytes each written in block style. It bounds the YAML nodes a file
+	// holds, and so the work and memory of loading it.
+	MaxFileSize = 64 << 20
 	// MaxWindow is the longest window unit × unit_multiplier may make.
 	MaxWindow = 100 * 365 * 24 * time.Hour
 	// MaxBucket bounds requests_per_unit and burst of the bucket
