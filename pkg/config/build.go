@@ -35,9 +35,6 @@ func (p *parser) descriptors(d *Domain, level *node, seq *yaml.Node, field strin
 	items := p.sequence(seq, field)
 	firsts := make(map[pair]int) // key and value -> line of the first such descriptor
 	for i, item := range items {
-		if p.nodes > maxNodes {
-			return // refused already; the rest would only echo it
-		}
 		p.descriptor(d, level, item, fmt.Sprintf("%s[%d]", field, i), path, firsts)
 	}
 }
@@ -45,8 +42,8 @@ func (p *parser) descriptors(d *Domain, level *node, seq *yaml.Node, field strin
 // descriptor decodes, checks and adds the descriptor at item to level,
 // then its nested descriptors below it.
 func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field string, parent []PathElem, firsts map[pair]int) {
-	raw, ok := p.decodeDescriptor(item, field)
-	if !ok || !p.checkDescriptor(&raw, firsts) {
+	raw := p.decodeDescriptor(item, field)
+	if !p.checkDescriptor(&raw, firsts) {
 		return
 	}
 	child := level.add(raw.elem)
