@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -813,5 +814,26 @@ descriptors:
 	export := d.Match(&entries{{"export", "x"}})
 	if export == nil || export.Concurrency == nil || *export.Concurrency != (Concurrency{MaxInFlight: 3, LeaseTTL: DefaultLeaseTTL}) || len(export.Limits) != 1 {
 		t.Fatalf("export: %+v", export)
+	}
+}
+
+// TestRuleIndex numbers every rule of a set from 0, the domains in load
+// order and each one's rules in file order.
+func TestRuleIndex(t *testing.T) {
+	r, err := Parse(
+		File{Name: "b.yaml", Data: []byte("domain: b\ndescriptors:\n  - {key: x, rate_limit: {unit: second, requests_per_unit: 1}}\n  - key: y\n    descriptors:\n      - {key: z, rate_limit: {unit: second, requests_per_unit: 1}}\n")},
+		File{Name: "a.yaml", Data: []byte("domain: a\ndescriptors:\n  - {key: x, rate_limit: {unlimited: true}}\n")},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, name := range []string{"b", "a"} {
+		for _, rule := range r.Domain(name).Rules() {
+			got = append(got, fmt.Sprintf("%d:%s", rule.Index(), rule.ID))
+		}
+	}
+	if want := []string{"0:b.x", "1:b.y.z", "2:a.x"}; !slices.Equal(got, want) || r.NumRules() != 3 {
+		t.Errorf("indexes %v of %d rules, want %v of 3", got, r.NumRules(), want)
 	}
 }

@@ -110,6 +110,7 @@ func Parse(files ...File) (*Rules, error) {
 // of is in [Rules.Warnings].
 func ParseOptions(opts Options, files ...File) (*Rules, error) {
 	rules := &Rules{domains: make(map[string]*Domain)}
+	var order []*Domain // in load order, to number their rules
 	var errs []*Error
 	h := sha256.New()
 	for _, f := range files {
@@ -120,6 +121,7 @@ func ParseOptions(opts Options, files ...File) (*Rules, error) {
 				p.fail(p.domainNode, "domain", "domain %q is already defined in %s; each domain lives in one file", d.Name, prev.File)
 			} else {
 				rules.domains[d.Name] = d
+				order = append(order, d)
 			}
 		}
 		sortErrors(p.errs)
@@ -140,6 +142,12 @@ func ParseOptions(opts Options, files ...File) (*Rules, error) {
 		return nil, errors.Join(joined...)
 	}
 	rules.hash = hex.EncodeToString(h.Sum(nil))
+	for _, d := range order {
+		for _, r := range d.rules {
+			r.index = rules.numRules
+			rules.numRules++
+		}
+	}
 	return rules, nil
 }
 

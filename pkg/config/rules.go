@@ -17,6 +17,7 @@ type Rules struct {
 	files    []string
 	hash     string
 	warnings []*Error
+	numRules int
 }
 
 // Domain returns the domain named name, or nil when no rule file defines it.
@@ -32,6 +33,12 @@ func (r *Rules) Domains() []*Domain {
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i].Name < ds[j].Name })
 	return ds
+}
+
+// NumRules returns how many rules the set holds, in all its domains:
+// every rule's [Rule.Index] is below it.
+func (r *Rules) NumRules() int {
+	return r.numRules
 }
 
 // Files returns the rule files the set was loaded from, in load order.
@@ -212,6 +219,18 @@ type Rule struct {
 	// File and Line locate the descriptor that holds the rule.
 	File string
 	Line int
+
+	index int // see Index
+}
+
+// Index returns the rule's place among every rule of its [Rules], from 0
+// to [Rules.NumRules]-1: the domains in load order, each one's rules in
+// file order. What keeps state per rule (metrics, say) can keep it in a
+// slice by Index, made when a rule set is put in force, instead of looking
+// rules up in a map on every decision. Rules of different sets share
+// indexes: compare the rule too.
+func (r *Rule) Index() int {
+	return r.index
 }
 
 // HasName reports whether name names the rule: its rate_limit.name, or the
