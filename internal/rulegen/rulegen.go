@@ -28,10 +28,10 @@ const (
 //	          unit: second
 //	          requests_per_unit: 1000000
 //
-// and so on for each route. It is about 140 bytes a route.
+// and so on for each route. It is about 150 bytes a route.
 func Routes(domain string, n int) []byte {
 	var b bytes.Buffer
-	b.Grow(64 + n*140)
+	b.Grow(64 + n*150)
 	b.WriteString("domain: ")
 	b.WriteString(domain)
 	b.WriteString("\ndescriptors:\n")

@@ -837,3 +837,50 @@ func TestRuleIndex(t *testing.T) {
 		t.Errorf("indexes %v of %d rules, want %v of 3", got, r.NumRules(), want)
 	}
 }
+
+// TestLevelSizes matches in levels kept as a list (at most smallLevel
+// descriptors, none a wildcard) and in maps (more, or a wildcard), and in
+// one that moves from one to the other as it is built: the same rules.
+func TestLevelSizes(t *testing.T) {
+	for _, n := range []int{1, smallLevel - 1, smallLevel, smallLevel + 1, 3 * smallLevel} {
+		for _, wildcard := range []bool{false, true} {
+			var b strings.Builder
+			b.WriteString("domain: d\ndescriptors:\n")
+			for i := range n {
+				fmt.Fprintf(&b, "  - {key: k, value: v%d, rate_limit: {unit: second, requests_per_unit: %d}}\n", i, i+1)
+				if i == n/2 {
+					b.WriteString("  - {key: k, rate_limit: {unit: minute, requests_per_unit: 1}}\n")
+				}
+			}
+			if wildcard {
+				b.WriteString("  - {key: k, value: w*, rate_limit: {unit: hour, requests_per_unit: 1}}\n")
+			}
+			b.WriteString("  - {key: j, rate_limit: {unit: day, requests_per_unit: 1}}\n")
+			d := parse(t, b.String()).Domain("d")
+			name := fmt.Sprintf("%d descriptors, wildcard %v", n, wildcard)
+			if got, want := d.root.big != nil, n+2 > smallLevel || wildcard; got != want {
+				t.Errorf("%s: in maps %v, want %v", name, got, want)
+			}
+			for i := range n {
+				if r := d.Match(&entries{{"k", fmt.Sprintf("v%d", i)}}); r == nil || r.RequestsPerUnit != uint32(i+1) || r.Unit != Second {
+					t.Errorf("%s: k=v%d matched %+v", name, i, r)
+				}
+			}
+			for _, v := range []string{"", "x", "w", "v"} {
+				want := Minute
+				if wildcard && v == "w" {
+					want = Hour
+				}
+				if r := d.Match(&entries{{"k", v}}); r == nil || r.Unit != want {
+					t.Errorf("%s: k=%q matched %+v, want the %s rule", name, v, r, want)
+				}
+			}
+			if r := d.Match(&entries{{"j", "v0"}}); r == nil || r.Unit != Day {
+				t.Errorf("%s: j=v0 matched %+v", name, r)
+			}
+			if r := d.Match(&entries{{"x", "v0"}}); r != nil {
+				t.Errorf("%s: x=v0 matched %+v", name, r)
+			}
+		}
+	}
+}

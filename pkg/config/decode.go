@@ -40,6 +40,7 @@ type parser struct {
 	domainNode *yaml.Node
 	names      map[string]bool // every limit's name, valid rule or not
 	refs       []replacesRef
+	keys       map[string]string // descriptor keys, each kept once
 }
 
 // replacesRef is one name in a replaces list, checked once the whole domain
@@ -182,7 +183,8 @@ func (p *parser) decodeDescriptor(item *yaml.Node, field string) rawDescriptor {
 		switch f.name {
 		case "key":
 			raw.keyNode = f.val
-			raw.elem.Key, _ = p.str(f.val, sub)
+			k, _ := p.str(f.val, sub)
+			raw.elem.Key = p.intern(k)
 		case "value":
 			raw.elem.Value, _ = p.str(f.val, sub)
 		case "rate_limit":
@@ -217,6 +219,20 @@ func (p *parser) decodeDescriptor(item *yaml.Node, field string) rawDescriptor {
 	}
 	raw.elem.Wildcard = isWildcard(raw.elem.Value)
 	return raw
+}
+
+// intern returns key, kept once per file: a domain's keys are few and its
+// descriptors many, each of which holds its key in the tree, in its
+// rules' paths, and compares it on every match.
+func (p *parser) intern(key string) string {
+	if k, ok := p.keys[key]; ok {
+		return k
+	}
+	if p.keys == nil {
+		p.keys = make(map[string]string)
+	}
+	p.keys[key] = key
+	return key
 }
 
 // decodeRateLimit decodes a rate_limit block: its limit into a limitBlock,
