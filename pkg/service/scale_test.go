@@ -60,6 +60,7 @@ func BenchmarkShouldRateLimitRules(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			cons.Rules(rules)
 			svc, err := service.New(be, rules, service.Options{Observer: service.Tee(mets, cons)})
 			if err != nil {
 				b.Fatal(err)
@@ -167,6 +168,7 @@ func newScaleServer(b *testing.B, backend algo.Backend, rules *config.Rules) *sc
 func (s *scaleServer) setRules(rules *config.Rules) {
 	s.svc.SetRules(rules)
 	s.mets.Rules(rules)
+	s.cons.Rules(rules)
 }
 
 // decideEach decides route=rN, user=u0 once for each of n routes.
