@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -15,6 +17,9 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/ratelimitd/ratelimitd/internal/footprint"
 	"github.com/ratelimitd/ratelimitd/internal/rulegen"
@@ -24,6 +29,7 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/console"
 	"github.com/ratelimitd/ratelimitd/pkg/metrics"
 	"github.com/ratelimitd/ratelimitd/pkg/service"
+	"github.com/ratelimitd/ratelimitd/pkg/wire"
 )
 
 // scaleKeys is about how many (route, user) pairs BenchmarkShouldRateLimitRules
@@ -35,67 +41,90 @@ const scaleKeys = 1 << 17
 // BenchmarkShouldRateLimitRules decides requests of one descriptor,
 // route=rN and user=uM, N drawn at random from a domain of 100 to 100,000
 // routes (rulegen.Routes), on the memory backend, with the observers the
-// server runs (metrics, and the ops console's): what a decision costs
-// should not grow with the rules. ns/op is wall time per decision with
-// GOMAXPROCS callers; CPU-ns/op the process's CPU time (user and system,
-// the collector's included) per decision. docs/performance.md ("Rule sets
-// at scale") gives the numbers and this command:
+// server runs (metrics, and the ops console's), called directly and over
+// gRPC (in memory, bufconn, client and server in this process): what a
+// decision costs should not grow with the rules. ns/op is wall time per
+// decision with GOMAXPROCS callers; CPU-ns/op the process's CPU time (user
+// and system, the collector's included) per decision. docs/performance.md
+// ("Rule sets at scale") gives the numbers and this command:
 //
 //	go test -run '^$' -bench ShouldRateLimitRules -benchmem -count 5 ./pkg/service
 func BenchmarkShouldRateLimitRules(b *testing.B) {
-	for _, n := range []int{100, 1_000, 10_000, 100_000} {
-		b.Run(fmt.Sprintf("rules=%d", n), func(b *testing.B) {
-			rules, err := config.Parse(config.File{Name: "scale.yaml", Data: rulegen.Routes("scale", n)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			be := memory.New(memory.Options{})
-			defer be.Close()
-			mets, err := metrics.New(prometheus.NewRegistry(), metrics.Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			mets.Rules(rules)
-			cons, err := console.New(console.Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			cons.Rules(rules)
-			svc, err := service.New(be, rules, service.Options{Observer: service.Tee(mets, cons)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			routes := make([]string, n)
-			for i := range routes {
-				routes[i] = rulegen.Value(i)
-			}
-			users := make([]string, (scaleKeys+n-1)/n)
-			for i := range users {
-				users[i] = fmt.Sprintf("u%d", i)
-			}
-			// Every key once, so that the measured decisions find the
-			// backend, the metrics and the console as they stay.
-			req := scaleRequest()
-			for _, r := range routes {
-				for _, u := range users {
-					decide(b, svc, req, r, u)
-				}
-			}
-			var seed atomic.Uint64
-			b.ReportAllocs()
-			cpu := cpuTime()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				rng := rand.New(rand.NewPCG(seed.Add(1), uint64(n)))
-				req := scaleRequest()
-				for pb.Next() {
-					decide(b, svc, req, routes[rng.IntN(len(routes))], users[rng.IntN(len(users))])
-				}
+	for _, call := range []string{"direct", "grpc"} {
+		for _, n := range []int{100, 1_000, 10_000, 100_000} {
+			b.Run(fmt.Sprintf("%s/rules=%d", call, n), func(b *testing.B) {
+				benchmarkRules(b, call, n)
 			})
-			b.StopTimer()
-			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "CPU-ns/op")
-		})
+		}
 	}
+}
+
+func benchmarkRules(b *testing.B, call string, n int) {
+	rules, err := config.Parse(config.File{Name: "scale.yaml", Data: rulegen.Routes("scale", n)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	be := memory.New(memory.Options{})
+	defer be.Close()
+	s := newScaleServer(b, be, rules)
+	decide := decideFunc(s.svc.ShouldRateLimit)
+	if call == "grpc" {
+		client := grpcClient(b, s.svc)
+		decide = func(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+			return client.ShouldRateLimit(ctx, req)
+		}
+	}
+	routes := make([]string, n)
+	for i := range routes {
+		routes[i] = rulegen.Value(i)
+	}
+	users := make([]string, (scaleKeys+n-1)/n)
+	for i := range users {
+		users[i] = fmt.Sprintf("u%d", i)
+	}
+	// Every key once, so that the measured decisions find the backend,
+	// the metrics and the console as they stay.
+	req := scaleRequest()
+	for _, r := range routes {
+		for _, u := range users {
+			check(b, req, r, u, s.svc.ShouldRateLimit)
+		}
+	}
+	var seed atomic.Uint64
+	b.ReportAllocs()
+	cpu := cpuTime()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		rng := rand.New(rand.NewPCG(seed.Add(1), uint64(n)))
+		req := scaleRequest()
+		for pb.Next() {
+			check(b, req, routes[rng.IntN(len(routes))], users[rng.IntN(len(users))], decide)
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "CPU-ns/op")
+}
+
+// decideFunc is ShouldRateLimit, of the service or of a client.
+type decideFunc func(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error)
+
+// grpcClient serves svc over gRPC on an in-memory listener, as the server
+// does (its decoding options and interceptors), and returns a client.
+func grpcClient(b *testing.B, svc *service.Service) rlsv3.RateLimitServiceClient {
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer(append(wire.DecodeOptions(service.Tolerance()),
+		grpc.ChainUnaryInterceptor(svc.UnaryInterceptor()), grpc.ChainStreamInterceptor(svc.StreamInterceptor()))...)
+	svc.RegisterGRPC(gs)
+	go gs.Serve(lis)
+	b.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
 }
 
 // scaleRequest is a request of domain "scale" with one descriptor
@@ -106,11 +135,11 @@ func scaleRequest() *rlsv3.RateLimitRequest {
 	}}}
 }
 
-// decide decides req for route and user, which must be admitted.
-func decide(b *testing.B, svc *service.Service, req *rlsv3.RateLimitRequest, route, user string) {
+// check decides req for route and user with decide: it must be admitted.
+func check(b *testing.B, req *rlsv3.RateLimitRequest, route, user string, decide decideFunc) {
 	e := req.Descriptors[0].Entries
 	e[0].Value, e[1].Value = route, user
-	resp, err := svc.ShouldRateLimit(context.Background(), req)
+	resp, err := decide(context.Background(), req)
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit == nil {
 		b.Fatalf("%s/%s: %v, %v", route, user, resp, err)
 	}
@@ -175,12 +204,12 @@ func (s *scaleServer) setRules(rules *config.Rules) {
 func (s *scaleServer) decideEach(b *testing.B, n int) {
 	req := scaleRequest()
 	for i := range n {
-		decide(b, s.svc, req, rulegen.Value(i), "u0")
+		check(b, req, rulegen.Value(i), "u0", s.svc.ShouldRateLimit)
 	}
 }
 
 // parseScale parses a domain "scale" of rulegen.Routes from data.
-func parseScale(b *testing.B, data []byte) *config.Rules {
+func parseScale(b testing.TB, data []byte) *config.Rules {
 	rules, err := config.Parse(config.File{Name: "scale.yaml", Data: data})
 	if err != nil {
 		b.Fatalf("%.500v", err)
@@ -220,13 +249,15 @@ func BenchmarkRulesFootprint(b *testing.B) {
 
 // BenchmarkReloadRules loads a domain of 100,000 routes into a service
 // with the server's observers, decides each route once, then reloads
-// the same file as the server does (parse, put in force) and decides each
-// route again under the new rules. It reports the time of the first load
-// and of the reload (load-s, reload-s), and the live heap and resident
-// set (MB) once loaded, at the reload's peak (peak-RSS-MB: VmHWM, reset
-// before the reload) and once reloaded and collected: the old rules must
-// be freed, not held beside the new ones. docs/performance.md gives the
-// numbers and this command:
+// the same file as the server does (parse, put in force, give the
+// garbage back to the system: debug.FreeOSMemory, as cmd/ratelimitd does
+// after each rule set) and decides each route again under the new rules.
+// It reports the time of the first load and of the reload (load-s,
+// reload-s, parsing and putting in force; release-s, giving memory
+// back), and the live heap and resident set (MB) once loaded, at the
+// reload's peak (peak-RSS-MB: VmHWM, reset before the reload) and once
+// reloaded: the old rules must be freed, not held beside the new ones.
+// docs/performance.md gives the numbers and this command:
 //
 //	go test -run '^$' -bench ReloadRules -benchtime 1x -count 3 ./pkg/service
 func BenchmarkReloadRules(b *testing.B) {
@@ -238,19 +269,24 @@ func BenchmarkReloadRules(b *testing.B) {
 		start := time.Now()
 		rules := parseScale(b, data)
 		load := time.Since(start)
+		debug.FreeOSMemory()
 		s := newScaleServer(b, admitAll{}, rules)
-		s.decideEach(b, n)
 		rules = nil
+		s.decideEach(b, n)
 		loaded := footprint.Take()
 		resetPeakRSS(b)
 		start = time.Now()
 		s.setRules(parseScale(b, data))
 		reload := time.Since(start)
+		start = time.Now()
+		debug.FreeOSMemory()
+		release := time.Since(start)
 		s.decideEach(b, n)
 		peak := peakRSS(b)
 		reloaded := footprint.Take()
 		b.ReportMetric(load.Seconds(), "load-s")
 		b.ReportMetric(reload.Seconds(), "reload-s")
+		b.ReportMetric(release.Seconds(), "release-s")
 		b.ReportMetric(mb(loaded.Heap), "loaded-heap-MB")
 		b.ReportMetric(mb(reloaded.Heap), "reloaded-heap-MB")
 		b.ReportMetric(mb(loaded.RSS), "loaded-RSS-MB")
