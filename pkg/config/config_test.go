@@ -884,3 +884,41 @@ func TestLevelSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestHashOf: HashOf gives the hash LoadOptions gives the same files, a
+// directory or a file, in either reading, valid or not, and another once
+// a file changes.
+func TestHashOf(t *testing.T) {
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "sub")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, text string) {
+		if err := os.WriteFile(name, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n")
+	write(filepath.Join(sub, "b.yaml"), "domain: b\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 2}}\n")
+	for _, c := range []struct {
+		path string
+		opts Options
+	}{{dir, Options{}}, {dir, Options{Reference: true}}, {filepath.Join(dir, "a.yaml"), Options{}}} {
+		r, err := LoadOptions(c.path, c.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, err := HashOf(c.path, c.opts); err != nil || h != r.Hash() {
+			t.Errorf("%s %+v: HashOf %q, %v; LoadOptions' hash %q", c.path, c.opts, h, err, r.Hash())
+		}
+	}
+	before, _ := HashOf(dir, Options{})
+	write(filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors: [{key: k, rate_limit: {unit: second}}]\n") // invalid
+	if h, err := HashOf(dir, Options{}); err != nil || h == before {
+		t.Errorf("after a change: %q, %v; before %q", h, err, before)
+	}
+	if _, err := HashOf(filepath.Join(dir, "none"), Options{}); err == nil {
+		t.Error("no error for a path that does not exist")
+	}
+}
