@@ -73,7 +73,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -494,10 +493,9 @@ func (m *Metrics) drop(e *ruleEntry, reason string) *series {
 }
 
 // newSeries makes the series of (domain, rule), with a counter for each
-// of outcomes. Label values must be UTF-8: invalid bytes, which neither
-// rule files nor protobuf requests let through, become U+FFFD.
+// of outcomes at zero; see seriesCollector.add.
 func (m *Metrics) newSeries(domain, rule string, outcomes []service.Outcome) *series {
-	return m.series.add(strings.ToValidUTF8(domain, "\uFFFD"), strings.ToValidUTF8(rule, "\uFFFD"), outcomes)
+	return m.series.add(domain, rule, outcomes)
 }
 
 // outcomesOf returns the outcomes a rule can have (nil for an override):

@@ -609,3 +609,19 @@ func TestRulesReplacedAreFreed(t *testing.T) {
 		t.Error("a rule of the replaced set is still reachable")
 	}
 }
+
+// TestLabelsNotUTF8: detailed labels of values that are not UTF-8 are
+// exported with U+FFFD in their place, and labels that differ only there
+// are one series, counting the decisions of both.
+func TestLabelsNotUTF8(t *testing.T) {
+	m, reg := newMetrics(t, Options{})
+	rules := parseRules(t).Domain("messaging")
+	for _, v := range []string{"\xff", "\ufffd", "\xfe", "a"} {
+		d := desc("to_number", v)
+		m.Decided("messaging", rules.Match(descriptor{d}), d, service.OutcomeOK, 1)
+	}
+	gatherAndCompare(t, reg, hitsHeader+"\n"+
+		"ratelimitd_hits_total{domain=\"messaging\",rule=\"messaging.to_number_\ufffd\"} 3\n"+
+		"ratelimitd_hits_total{domain=\"messaging\",rule=\"messaging.to_number_a\"} 1\n",
+		"ratelimitd_hits_total")
+}

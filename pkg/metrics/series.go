@@ -8,9 +8,11 @@ package metrics
 // 2.8 KB a rule, and four cache misses a decision.
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -57,7 +59,11 @@ type seriesCollector struct {
 	mu      sync.Mutex
 	all     []*series                 // in the order made; never shrinks
 	domains map[string]*dto.LabelPair // the domain label pair of each domain
-	now     func() time.Time
+	// replaced holds the series whose labels hold U+FFFD, which is what
+	// bytes that are not UTF-8 become: labels that differ only there are
+	// one series, as they were one prometheus counter.
+	replaced map[ruleKey]*series
+	now      func() time.Time
 }
 
 func newSeriesCollector(now func() time.Time) *seriesCollector {
@@ -65,6 +71,7 @@ func newSeriesCollector(now func() time.Time) *seriesCollector {
 		decisions: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "decisions_total"), helpDecisions, []string{"domain", "rule", "result"}, nil),
 		hits:      prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "hits_total"), helpHits, []string{"domain", "rule"}, nil),
 		domains:   make(map[string]*dto.LabelPair),
+		replaced:  make(map[ruleKey]*series),
 		now:       now,
 	}
 	for o := range service.Outcome(numOutcomes) {
@@ -77,17 +84,29 @@ func labelPair(name, value string) *dto.LabelPair {
 	return &dto.LabelPair{Name: proto.String(name), Value: proto.String(value)}
 }
 
-// add makes the series of (domain, rule), with outcomes made at zero.
-// Label values must be valid UTF-8.
+// add makes the series of (domain, rule), with outcomes made at zero, or
+// returns the one made already with the same labels. Label values must be
+// UTF-8: bytes that are not, which neither rule files nor protobuf
+// requests let through, become U+FFFD.
 func (c *seriesCollector) add(domain, rule string, outcomes []service.Outcome) *series {
-	s := &series{domain: domain, rule: rule, ruleLabel: labelPair("rule", rule), created: timestamppb.New(c.now())}
+	domain, rule = strings.ToValidUTF8(domain, "\uFFFD"), strings.ToValidUTF8(rule, "\uFFFD")
 	var made uint32
 	for _, o := range outcomes {
 		made |= 1 << o
 	}
-	s.made.Store(made)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	k := ruleKey{domain, rule}
+	replaced := strings.ContainsRune(domain+rule, utf8.RuneError)
+	if s := c.replaced[k]; replaced && s != nil {
+		s.made.Or(made)
+		return s
+	}
+	s := &series{domain: domain, rule: rule, ruleLabel: labelPair("rule", rule), created: timestamppb.New(c.now())}
+	s.made.Store(made)
+	if replaced {
+		c.replaced[k] = s
+	}
 	if s.domainLabel = c.domains[domain]; s.domainLabel == nil {
 		s.domainLabel = labelPair("domain", domain)
 		c.domains[domain] = s.domainLabel
