@@ -42,6 +42,7 @@ var allowedDeps = map[string][]string{
 	"internal/rlqssim":      {}, // a simulated Envoy rate_limit_quota filter, for tests
 	"internal/aigwsim":      {}, // Envoy AI Gateway's two rate-limit calls, simulated (issue 31)
 	"internal/footprint":    {}, // benchmarks' memory per item
+	"internal/rulegen":      {}, // large generated rule files, for tests and benchmarks
 	"pkg/wire":              {}, // what every server does to a request, whatever its protocol
 	"pkg/service":           {"pkg/algo", "pkg/config", "pkg/key", "pkg/wire", "proto/ratelimitd/v1"},
 	"pkg/reload":            {"pkg/config"},
@@ -60,7 +61,7 @@ var allowedDeps = map[string][]string{
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"internal/clocktest", "internal/footprint", "internal/pki", "internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
+var stdlibOnly = []string{"internal/clocktest", "internal/footprint", "internal/pki", "internal/rulegen", "internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}

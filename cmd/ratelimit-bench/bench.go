@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,11 +49,15 @@ type benchConfig struct {
 	Domain      string
 	Key         string
 	ValuePrefix string
-	Rate        float64 // requests/s in total; zero for a closed loop
-	Warmup      time.Duration
-	Timeout     time.Duration // how long calls may run past the end
-	Seed        uint64
-	Procs       []proc // whose CPU time to report; the generator is added
+	// Nested, when set, is a second entry "key=value" of every
+	// descriptor, after Key's: for rules that nest a key below Key, such
+	// as route=rN with a nested user.
+	Nested  string
+	Rate    float64 // requests/s in total; zero for a closed loop
+	Warmup  time.Duration
+	Timeout time.Duration // how long calls may run past the end
+	Seed    uint64
+	Procs   []proc // whose CPU time to report; the generator is added
 	// BackendCalls, when set, reads how many decision calls the backend
 	// behind the server has run so far, such as Redis's FCALLs: the
 	// report shows how many it ran in the measured interval, and so how
@@ -98,6 +103,8 @@ func (c *benchConfig) validate() error {
 		return errors.New("-domain: empty")
 	case c.Key == "":
 		return errors.New("-key: empty")
+	case c.Nested != "" && !strings.Contains(c.Nested, "=") || strings.HasPrefix(c.Nested, "="):
+		return fmt.Errorf("-nested %q: want key=value", c.Nested)
 	case c.Timeout <= 0 || c.Timeout > time.Minute:
 		return fmt.Errorf("-timeout %v: want more than 0, at most 1m", c.Timeout)
 	}
@@ -125,13 +132,16 @@ func buildRequests(c *benchConfig) ([]*rawRequest, error) {
 	for i := range values {
 		values[i] = c.ValuePrefix + strconv.Itoa(i)
 	}
+	nestedKey, nestedValue, nested := strings.Cut(c.Nested, "=")
 	reqs := make([]*rawRequest, c.Keys)
 	for i := range reqs {
 		req := &rlsv3.RateLimitRequest{Domain: c.Domain}
 		for d := range c.Descriptors {
-			req.Descriptors = append(req.Descriptors, &rlv3.RateLimitDescriptor{
-				Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: c.Key, Value: values[(i+d)%c.Keys]}},
-			})
+			entries := []*rlv3.RateLimitDescriptor_Entry{{Key: c.Key, Value: values[(i+d)%c.Keys]}}
+			if nested {
+				entries = append(entries, &rlv3.RateLimitDescriptor_Entry{Key: nestedKey, Value: nestedValue})
+			}
+			req.Descriptors = append(req.Descriptors, &rlv3.RateLimitDescriptor{Entries: entries})
 		}
 		r, err := newRawRequest(req)
 		if err != nil {

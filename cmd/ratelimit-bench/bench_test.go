@@ -39,6 +39,18 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 5}
 `
 
+// nestedRules admits 1 per minute of user u1 below each route, for
+// -nested.
+const nestedRules = `
+domain: nested
+descriptors:
+  - key: route
+    descriptors:
+      - key: user
+        value: u1
+        rate_limit: {unit: minute, requests_per_unit: 1}
+`
+
 // startServer serves the test rules from pkg/service on the memory
 // backend on a free port of 127.0.0.1, until the test ends.
 func startServer(t *testing.T) string {
@@ -46,6 +58,7 @@ func startServer(t *testing.T) string {
 	rules, err := config.Parse(
 		config.File{Name: "api.yaml", Data: []byte(testRules)},
 		config.File{Name: "tight.yaml", Data: []byte(tightRules)},
+		config.File{Name: "nested.yaml", Data: []byte(nestedRules)},
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -213,6 +226,25 @@ func TestOverLimitIsCountedAllOrNothing(t *testing.T) {
 	}
 }
 
+// TestNested sends a nested entry after -key's with -nested: each of 2
+// routes has its 1 a minute of user u1, and no more; without it, nothing
+// matches, and everything is OK.
+func TestNested(t *testing.T) {
+	addr := startServer(t)
+	for nested, want := range map[string]codeCounts{"user=u1": {OK: 2, OverLimit: 18}, "": {OK: 20}} {
+		c := smallConfig(addr)
+		c.Domain, c.Key, c.ValuePrefix, c.Nested, c.Keys, c.Count, c.Workers, c.Conns = "nested", "route", "r", nested, 2, 20, 2, 1
+		r, err := runBench(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkCounts(t, r, 1)
+		if r.RequestCodes != want {
+			t.Errorf("-nested %q: request codes %+v, want %+v", nested, r.RequestCodes, want)
+		}
+	}
+}
+
 func TestOpenLoopAtALowRate(t *testing.T) {
 	addr := startServer(t)
 	t.Run("duration", func(t *testing.T) {
@@ -334,6 +366,8 @@ func TestFlagsAreBoundedAndLoopbackOnly(t *testing.T) {
 		{[]string{"-duration", "1s", "-dist", "zipf", "-zipf-s", "0"}, "-zipf-s"},
 		{[]string{"-duration", "1s", "-workers", "2", "-conns", "3"}, "more connections"},
 		{[]string{"-duration", "1s", "-pids", "ratelimitd"}, "name=PID"},
+		{[]string{"-duration", "1s", "-nested", "user"}, "want key=value"},
+		{[]string{"-duration", "1s", "-nested", "=u1"}, "want key=value"},
 		{[]string{"-duration", "1s", "extra"}, "unexpected argument"},
 	} {
 		_, _, err := parseFlags(tc.args, &bytes.Buffer{})

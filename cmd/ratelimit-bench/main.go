@@ -110,6 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (c *benchConfig, asJSON bool, e
 	fs.StringVar(&c.Domain, "domain", "api", "the requests' domain")
 	fs.StringVar(&c.Key, "key", "user_id", "the key of each descriptor's entry")
 	fs.StringVar(&c.ValuePrefix, "value-prefix", "user-", "each entry's value is this and a number below -keys")
+	fs.StringVar(&c.Nested, "nested", "", "a second entry of every descriptor, `key=value`, for rules that nest a key below -key (such as -key route -value-prefix r -nested user=u1); empty for none")
 	fs.Float64Var(&c.Rate, "rate", 0, "open loop: send this many calls per second in total on a fixed schedule; 0: closed loop")
 	fs.DurationVar(&c.Warmup, "warmup", time.Second, fmt.Sprintf("load the server this long before measuring, at most %v", maxWarmup))
 	fs.DurationVar(&c.Timeout, "timeout", 5*time.Second, "calls still running this long after the planned end are cancelled and counted as errors")

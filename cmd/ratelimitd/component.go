@@ -114,6 +114,7 @@ func (s *server) putInForce(r *config.Rules) {
 	for _, f := range s.onRules {
 		f(r)
 	}
+	releaseMemory() // the load's garbage, and the rules replaced
 }
 
 // reject tells every component of a rule set rejected as invalid. The

@@ -41,12 +41,16 @@ func (o *opsConsole) build(_ context.Context, s *server) (hooks, error) {
 	if err != nil {
 		return hooks{}, err
 	}
+	cons.Rules(s.source.initial)
 	s.observers = append(s.observers, cons)
-	return hooks{http: func(mux *http.ServeMux) {
-		ui := cons.Handler(s.svc)
-		mux.Handle("/ui", ui)
-		mux.Handle("/ui/", ui)
-	}}, nil
+	return hooks{
+		rules: cons.Rules,
+		http: func(mux *http.ServeMux) {
+			ui := cons.Handler(s.svc)
+			mux.Handle("/ui", ui)
+			mux.Handle("/ui/", ui)
+		},
+	}, nil
 }
 
 // describeAll describes the backend stack as the ops console shows it,

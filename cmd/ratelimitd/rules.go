@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -23,7 +24,8 @@ type ruleSource struct {
 	watch bool
 	xds   xdsConfig
 
-	// initial are the rules at start, loaded at loadedAt.
+	// initial are the rules at start, loaded at loadedAt, which the
+	// components are built with; nil once they are started.
 	initial  *config.Rules
 	loadedAt time.Time
 	fromXDS  *xdsSource      // nil for files
@@ -80,11 +82,15 @@ func (r *ruleSource) build(ctx context.Context, s *server) (hooks, error) {
 
 // load loads the files of -config.
 func (r *ruleSource) load(s *server) error {
+	start := time.Now()
 	rules, err := config.LoadOptions(r.path, r.opts)
 	if err != nil {
 		return fmt.Errorf("loading rules from %s:\n%w", r.path, err)
 	}
-	s.log.Info("rules loaded", "path", r.path, "files", len(rules.Files()), "domains", len(rules.Domains()), "hash", rules.Hash())
+	took := time.Since(start)
+	releaseMemory()
+	s.log.Info("rules loaded", "path", r.path, "files", len(rules.Files()), "domains", len(rules.Domains()), "rules", rules.NumRules(),
+		"took", took.Round(time.Millisecond), "hash", rules.Hash())
 	for _, w := range rules.Warnings() {
 		s.log.Warn("rules: " + w.Error())
 	}
@@ -104,9 +110,20 @@ func (r *ruleSource) startXDS(ctx context.Context, s *server) error {
 		s.log.Info("stopped before the first rules arrived from xDS")
 		return errStoppedEarly
 	}
+	releaseMemory()
 	registerXDS(s.reg, x)
 	return nil
 }
+
+// releaseMemory collects garbage and gives the free memory back to the
+// system at once, after a rule set is loaded or put in force. Loading
+// leaves garbage several times the rules' own size (the YAML tree, some
+// 3 KB a descriptor, and the rules replaced); the runtime would give the
+// memory back over minutes, the resident set staying at the load's peak
+// meanwhile: some 550 MB after loading 100,000 descriptors, whose rules
+// hold 65 MB. It costs one collection of the live heap per rule set, on
+// the goroutine that loaded it.
+func releaseMemory() { debug.FreeOSMemory() }
 
 // awaitRules, with -xds-ready-with-rules, has health follow whether the
 // rules in force hold a domain, as the reference's config component does
@@ -121,6 +138,9 @@ func (r *ruleSource) awaitRules(rules *config.Rules) {
 // follow puts every later rule set in force: each xDS update, or each
 // change of the files when watched.
 func (r *ruleSource) follow(ctx context.Context, s *server) {
+	// The components were built with the first rules; from now on only
+	// the rules in force are held, so that a reload frees them.
+	defer func() { r.initial = nil }()
 	if r.fromXDS != nil {
 		r.fromXDS.attach(r.initial, s.putInForce, s.reject)
 		return

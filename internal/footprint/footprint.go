@@ -86,11 +86,17 @@ func Cycle() {
 // after [Cycle]: what a serving process holding the items needs. The RSS
 // metrics are left out where the resident set could not be read.
 func Report(b *testing.B, before, filled, cycled Sample, n int) {
-	perKey := func(from, to uint64) float64 { return (float64(to) - float64(from)) / float64(n) }
-	b.ReportMetric(perKey(before.Heap, filled.Heap), "B/key")
+	ReportPer(b, before, filled, cycled, n, "key")
+}
+
+// ReportPer is [Report] for items other than keys, each metric's unit
+// ending in "/"+item: B/rule, RSS-B/rule, cycled-RSS-B/rule for "rule".
+func ReportPer(b *testing.B, before, filled, cycled Sample, n int, item string) {
+	per := func(from, to uint64) float64 { return (float64(to) - float64(from)) / float64(n) }
+	b.ReportMetric(per(before.Heap, filled.Heap), "B/"+item)
 	if before.RSS > 0 && filled.RSS > 0 && cycled.RSS > 0 {
-		b.ReportMetric(perKey(before.RSS, filled.RSS), "RSS-B/key")
-		b.ReportMetric(perKey(before.RSS, cycled.RSS), "cycled-RSS-B/key")
+		b.ReportMetric(per(before.RSS, filled.RSS), "RSS-B/"+item)
+		b.ReportMetric(per(before.RSS, cycled.RSS), "cycled-RSS-B/"+item)
 	}
 }
 

@@ -14,11 +14,16 @@ import (
 // parseFile returns the file's domain, or nil when the file is not even a
 // YAML mapping. Problems are in p.errs either way.
 func (p *parser) parseFile(data []byte) *Domain {
+	if len(data) > MaxFileSize {
+		p.fail(nil, "", "the file is larger than %d bytes (%d MiB), the most a rule file may hold; "+
+			"a domain lives in one file: write its descriptors shorter (flow style, {key: k, value: v})", MaxFileSize, MaxFileSize>>20)
+		return nil
+	}
 	raw, ok := p.decodeFile(data)
 	if !ok {
 		return nil
 	}
-	d := &Domain{File: p.file, Name: raw.name, FailureMode: raw.failureMode, byID: make(map[string]*Rule)}
+	d := &Domain{File: p.file, Name: raw.name, FailureMode: raw.failureMode}
 	p.checkDomain(&raw)
 	p.descriptors(d, &d.root, raw.descriptors, "descriptors", nil)
 	p.checkReplaces(d.Name)
@@ -30,9 +35,6 @@ func (p *parser) descriptors(d *Domain, level *node, seq *yaml.Node, field strin
 	items := p.sequence(seq, field)
 	firsts := make(map[pair]int) // key and value -> line of the first such descriptor
 	for i, item := range items {
-		if p.nodes > maxNodes {
-			return // refused already; the rest would only echo it
-		}
 		p.descriptor(d, level, item, fmt.Sprintf("%s[%d]", field, i), path, firsts)
 	}
 }
@@ -40,8 +42,8 @@ func (p *parser) descriptors(d *Domain, level *node, seq *yaml.Node, field strin
 // descriptor decodes, checks and adds the descriptor at item to level,
 // then its nested descriptors below it.
 func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field string, parent []PathElem, firsts map[pair]int) {
-	raw, ok := p.decodeDescriptor(item, field)
-	if !ok || !p.checkDescriptor(&raw, firsts) {
+	raw := p.decodeDescriptor(item, field)
+	if !p.checkDescriptor(&raw, firsts) {
 		return
 	}
 	child := level.add(raw.elem)
@@ -52,31 +54,47 @@ func (p *parser) descriptor(d *Domain, level *node, item *yaml.Node, field strin
 		r.ShadowMode, r.DetailedMetric, r.QuotaMode, r.Metadata = raw.shadow, raw.detailed, raw.quota, raw.metadata
 		child.rule = r
 		d.rules = append(d.rules, r)
-		d.byID[r.ID] = r
 	}
 	p.descriptors(d, child, raw.children, field+".descriptors", path)
 }
 
 // add adds a node for descriptor elem to level n and returns it: an exact
 // value, a wildcard (kept in file order, which decides between wildcards)
-// or a key-only descriptor.
+// or a key-only descriptor. A level stays a list up to smallLevel
+// descriptors without a wildcard, and moves into maps past that.
 func (n *node) add(elem PathElem) *node {
 	child := &node{}
+	if n.big == nil && !elem.Wildcard && len(n.edges) < smallLevel {
+		n.edges = append(n.edges, edge{key: elem.Key, value: elem.Value, node: child})
+		return child
+	}
+	if n.big == nil {
+		n.big = &level{}
+		for _, e := range n.edges {
+			n.big.add(PathElem{Key: e.key, Value: e.value}, e.node)
+		}
+		n.edges = nil
+	}
+	n.big.add(elem, child)
+	return child
+}
+
+// add adds child, the node of descriptor elem, to level l.
+func (l *level) add(elem PathElem, child *node) {
 	switch {
 	case elem.Value == "":
-		if n.keyOnly == nil {
-			n.keyOnly = make(map[string]*node)
+		if l.keyOnly == nil {
+			l.keyOnly = make(map[string]*node)
 		}
-		n.keyOnly[elem.Key] = child
+		l.keyOnly[elem.Key] = child
 	case elem.Wildcard:
-		n.wildcards = append(n.wildcards, newWildcard(elem.Key, elem.Value, child))
+		l.wildcards = append(l.wildcards, newWildcard(elem.Key, elem.Value, child))
 	default:
-		if n.exact == nil {
-			n.exact = make(map[pair]*node)
+		if l.exact == nil {
+			l.exact = make(map[pair]*node)
 		}
-		n.exact[pair{elem.Key, elem.Value}] = child
+		l.exact[pair{elem.Key, elem.Value}] = child
 	}
-	return child
 }
 
 // descriptorRule returns the rule of a descriptor: its rate_limit or

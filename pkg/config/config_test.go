@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -508,7 +509,8 @@ func keys[V any](m map[string]V) []string {
 // ("billion laughs"): one nests them, nine levels of ten anchored
 // descriptors each listing the ten below (10^9 descriptors); one repeats
 // them, a list of 2,000 descriptors reused 9,000 times (18 million). Both
-// must be refused, quickly, with one problem each.
+// must be refused before anything is walked, with one problem each, at an
+// alias, naming the bound.
 func TestAliasBombs(t *testing.T) {
 	var deep strings.Builder
 	deep.WriteString("domain: deep\ndescriptors:\n")
@@ -542,10 +544,13 @@ func TestAliasBombs(t *testing.T) {
 		fmt.Fprintf(&wide, "  - {key: r%d, descriptors: *big}\n", i)
 	}
 
-	for name, src := range map[string]string{"deep": deep.String(), "wide": wide.String()} {
-		_, err := Parse(File{Name: name + ".yaml", Data: []byte(src)})
-		if err == nil || !strings.Contains(err.Error(), "the file expands to more than 200000 YAML nodes") || len(unwrap(err)) != 1 {
-			t.Errorf("%s: err = %.300v", name, err)
+	for name, c := range map[string]struct{ src, at string }{
+		"deep": {deep.String(), "deep.yaml:83:37: descriptors[80].descriptors[0]: aliases expand the file by 3950616000 YAML nodes"},
+		"wide": {wide.String(), "wide.yaml:5:28: descriptors[1].descriptors: aliases expand the file by 54000000 YAML nodes"},
+	} {
+		_, err := Parse(File{Name: name + ".yaml", Data: []byte(c.src)})
+		if err == nil || !strings.HasPrefix(err.Error(), c.at) || !strings.Contains(err.Error(), "at most 1000000 are accepted") || len(unwrap(err)) != 1 {
+			t.Errorf("%s: err = %.400v", name, err)
 		}
 	}
 }
@@ -809,5 +814,111 @@ descriptors:
 	export := d.Match(&entries{{"export", "x"}})
 	if export == nil || export.Concurrency == nil || *export.Concurrency != (Concurrency{MaxInFlight: 3, LeaseTTL: DefaultLeaseTTL}) || len(export.Limits) != 1 {
 		t.Fatalf("export: %+v", export)
+	}
+}
+
+// TestRuleIndex numbers every rule of a set from 0, the domains in load
+// order and each one's rules in file order.
+func TestRuleIndex(t *testing.T) {
+	r, err := Parse(
+		File{Name: "b.yaml", Data: []byte("domain: b\ndescriptors:\n  - {key: x, rate_limit: {unit: second, requests_per_unit: 1}}\n  - key: y\n    descriptors:\n      - {key: z, rate_limit: {unit: second, requests_per_unit: 1}}\n")},
+		File{Name: "a.yaml", Data: []byte("domain: a\ndescriptors:\n  - {key: x, rate_limit: {unlimited: true}}\n")},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, name := range []string{"b", "a"} {
+		for _, rule := range r.Domain(name).Rules() {
+			got = append(got, fmt.Sprintf("%d:%s", rule.Index(), rule.ID))
+		}
+	}
+	if want := []string{"0:b.x", "1:b.y.z", "2:a.x"}; !slices.Equal(got, want) || r.NumRules() != 3 {
+		t.Errorf("indexes %v of %d rules, want %v of 3", got, r.NumRules(), want)
+	}
+}
+
+// TestLevelSizes matches in levels kept as a list (at most smallLevel
+// descriptors, none a wildcard) and in maps (more, or a wildcard), and in
+// one that moves from one to the other as it is built: the same rules.
+func TestLevelSizes(t *testing.T) {
+	for _, n := range []int{1, smallLevel - 1, smallLevel, smallLevel + 1, 3 * smallLevel} {
+		for _, wildcard := range []bool{false, true} {
+			var b strings.Builder
+			b.WriteString("domain: d\ndescriptors:\n")
+			for i := range n {
+				fmt.Fprintf(&b, "  - {key: k, value: v%d, rate_limit: {unit: second, requests_per_unit: %d}}\n", i, i+1)
+				if i == n/2 {
+					b.WriteString("  - {key: k, rate_limit: {unit: minute, requests_per_unit: 1}}\n")
+				}
+			}
+			if wildcard {
+				b.WriteString("  - {key: k, value: w*, rate_limit: {unit: hour, requests_per_unit: 1}}\n")
+			}
+			b.WriteString("  - {key: j, rate_limit: {unit: day, requests_per_unit: 1}}\n")
+			d := parse(t, b.String()).Domain("d")
+			name := fmt.Sprintf("%d descriptors, wildcard %v", n, wildcard)
+			if got, want := d.root.big != nil, n+2 > smallLevel || wildcard; got != want {
+				t.Errorf("%s: in maps %v, want %v", name, got, want)
+			}
+			for i := range n {
+				if r := d.Match(&entries{{"k", fmt.Sprintf("v%d", i)}}); r == nil || r.RequestsPerUnit != uint32(i+1) || r.Unit != Second {
+					t.Errorf("%s: k=v%d matched %+v", name, i, r)
+				}
+			}
+			for _, v := range []string{"", "x", "w", "v"} {
+				want := Minute
+				if wildcard && v == "w" {
+					want = Hour
+				}
+				if r := d.Match(&entries{{"k", v}}); r == nil || r.Unit != want {
+					t.Errorf("%s: k=%q matched %+v, want the %s rule", name, v, r, want)
+				}
+			}
+			if r := d.Match(&entries{{"j", "v0"}}); r == nil || r.Unit != Day {
+				t.Errorf("%s: j=v0 matched %+v", name, r)
+			}
+			if r := d.Match(&entries{{"x", "v0"}}); r != nil {
+				t.Errorf("%s: x=v0 matched %+v", name, r)
+			}
+		}
+	}
+}
+
+// TestHashOf: HashOf gives the hash LoadOptions gives the same files, a
+// directory or a file, in either reading, valid or not, and another once
+// a file changes.
+func TestHashOf(t *testing.T) {
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "sub")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, text string) {
+		if err := os.WriteFile(name, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n")
+	write(filepath.Join(sub, "b.yaml"), "domain: b\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 2}}\n")
+	for _, c := range []struct {
+		path string
+		opts Options
+	}{{dir, Options{}}, {dir, Options{Reference: true}}, {filepath.Join(dir, "a.yaml"), Options{}}} {
+		r, err := LoadOptions(c.path, c.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, err := HashOf(c.path, c.opts); err != nil || h != r.Hash() {
+			t.Errorf("%s %+v: HashOf %q, %v; LoadOptions' hash %q", c.path, c.opts, h, err, r.Hash())
+		}
+	}
+	before, _ := HashOf(dir, Options{})
+	write(filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors: [{key: k, rate_limit: {unit: second}}]\n") // invalid
+	if h, err := HashOf(dir, Options{}); err != nil || h == before {
+		t.Errorf("after a change: %q, %v; before %q", h, err, before)
+	}
+	if _, err := HashOf(filepath.Join(dir, "none"), Options{}); err == nil {
+		t.Error("no error for a path that does not exist")
 	}
 }

@@ -19,11 +19,6 @@ import (
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
 )
 
-// maxNodes bounds the YAML nodes walked in one file, every use of an alias
-// counting its nodes again: far above any real rule file, far below what a
-// file of nested or repeated aliases can expand to.
-const maxNodes = 200_000
-
 // The fields each mapping accepts, as error messages list them.
 const (
 	domainFields     = "domain, descriptors, failure_mode, name"
@@ -45,7 +40,7 @@ type parser struct {
 	domainNode *yaml.Node
 	names      map[string]bool // every limit's name, valid rule or not
 	refs       []replacesRef
-	nodes      int // nodes walked so far
+	keys       map[string]string // descriptor keys, each kept once
 }
 
 // replacesRef is one name in a replaces list, checked once the whole domain
@@ -106,6 +101,9 @@ func (p *parser) decodeFile(data []byte) (rawDomain, bool) {
 	}
 	if len(doc.Content) == 0 {
 		p.failEmpty()
+		return raw, false
+	}
+	if !p.checkAliases(doc.Content[0]) {
 		return raw, false
 	}
 	raw.root = resolve(doc.Content[0])
@@ -176,20 +174,17 @@ type rawDescriptor struct {
 	metadata                                       map[string]any
 }
 
-// decodeDescriptor decodes the descriptor at item; false when the file is
-// refused already for its size.
-func (p *parser) decodeDescriptor(item *yaml.Node, field string) (rawDescriptor, bool) {
+// decodeDescriptor decodes the descriptor at item.
+func (p *parser) decodeDescriptor(item *yaml.Node, field string) rawDescriptor {
 	raw := rawDescriptor{item: item, field: field}
 	raw.fields = p.mapping(item, field)
-	if p.nodes > maxNodes {
-		return raw, false
-	}
 	for _, f := range raw.fields {
 		sub := field + "." + f.name
 		switch f.name {
 		case "key":
 			raw.keyNode = f.val
-			raw.elem.Key, _ = p.str(f.val, sub)
+			k, _ := p.str(f.val, sub)
+			raw.elem.Key = p.intern(k)
 		case "value":
 			raw.elem.Value, _ = p.str(f.val, sub)
 		case "rate_limit":
@@ -223,7 +218,21 @@ func (p *parser) decodeDescriptor(item *yaml.Node, field string) (rawDescriptor,
 		}
 	}
 	raw.elem.Wildcard = isWildcard(raw.elem.Value)
-	return raw, true
+	return raw
+}
+
+// intern returns key, kept once per file: a domain's keys are few and its
+// descriptors many, each of which holds its key in the tree, in its
+// rules' paths, and compares it on every match.
+func (p *parser) intern(key string) string {
+	if k, ok := p.keys[key]; ok {
+		return k
+	}
+	if p.keys == nil {
+		p.keys = make(map[string]string)
+	}
+	p.keys[key] = key
+	return key
 }
 
 // decodeRateLimit decodes a rate_limit block: its limit into a limitBlock,
@@ -424,9 +433,6 @@ var yaml11Bools = map[string]bool{
 // cases) are booleans, and a timestamp stays the string it was written as.
 func (p *parser) metadataValue(n *yaml.Node, field string) any {
 	n = resolve(n)
-	if (n.Kind == yaml.MappingNode || n.Kind == yaml.SequenceNode) && !p.charge(n, len(n.Content)) {
-		return nil // aliases expanding past maxNodes: the file is refused
-	}
 	switch n.Kind {
 	case yaml.MappingNode:
 		m := make(map[string]any, len(n.Content)/2)
@@ -498,9 +504,6 @@ func (p *parser) mapping(n *yaml.Node, field string) []mappingField {
 		p.fail(n, field, "must be a mapping of fields; found %s", describe(n))
 		return nil
 	}
-	if !p.charge(n, len(n.Content)/2) {
-		return nil
-	}
 	var fields, merged []mappingField
 	seen := make(map[string]*yaml.Node)
 	for i := 0; i+1 < len(n.Content); i += 2 {
@@ -549,9 +552,6 @@ func (p *parser) sequence(n *yaml.Node, field string) []*yaml.Node {
 	}
 	if n.Kind != yaml.SequenceNode {
 		p.fail(n, field, "must be a list (lines starting with \"- \"); found %s", describe(n))
-		return nil
-	}
-	if !p.charge(n, len(n.Content)) {
 		return nil
 	}
 	return n.Content
@@ -640,22 +640,6 @@ func resolve(n *yaml.Node) *yaml.Node {
 		n = n.Alias
 	}
 	return n
-}
-
-// charge counts n more nodes walked and reports whether the walk may go on.
-// Each use of an alias walks its node again, so a few lines of nested or
-// repeated aliases can expand to billions of nodes ("billion laughs"); past
-// maxNodes the file is refused.
-func (p *parser) charge(at *yaml.Node, n int) bool {
-	before := p.nodes
-	p.nodes += n
-	if p.nodes <= maxNodes {
-		return true
-	}
-	if before <= maxNodes {
-		p.fail(at, "", "the file expands to more than %d YAML nodes, its aliases counted at every use; a rule file may hold at most that many", maxNodes)
-	}
-	return false
 }
 
 func isNull(n *yaml.Node) bool {

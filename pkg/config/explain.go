@@ -183,20 +183,21 @@ func (n *node) explainChild(depth int, k, v string, next *node) Step {
 		elem PathElem
 	}
 	var hits []hit
-	if c := n.exact[pair{k, v}]; c != nil {
+	if c := n.exactChild(k, v); c != nil {
 		hits = append(hits, hit{ByValue, c, PathElem{Key: k, Value: v}})
 	}
 	lit := n.literal(k, v)
 	if lit != nil {
 		hits = append(hits, hit{ByValue, lit.node, PathElem{Key: k, Value: v, Wildcard: true}})
 	}
-	for i := range n.wildcards {
-		w := &n.wildcards[i]
+	wildcards := n.wildcards()
+	for i := range wildcards {
+		w := &wildcards[i]
 		if w != lit && w.key == k && w.matches(v) {
 			hits = append(hits, hit{ByWildcard, w.node, PathElem{Key: k, Value: w.pattern, Wildcard: true}})
 		}
 	}
-	if c := n.keyOnly[k]; c != nil {
+	if c := n.keyOnlyChild(k); c != nil {
 		hits = append(hits, hit{ByKeyDefault, c, PathElem{Key: k}})
 	}
 	if next == nil {
@@ -217,20 +218,23 @@ func (n *node) explainChild(depth int, k, v string, next *node) Step {
 // first, then by key; within a key, exact values sorted, then wildcards in
 // file order, then the key-only descriptor.
 func (n *node) candidates(depth int, key string) []PathElem {
-	var out []PathElem
-	for p, c := range n.exact {
-		out = append(out, c.elem(depth, PathElem{Key: p.key, Value: p.value}))
-	}
+	var out, keyOnly []PathElem
+	n.eachChild(func(k, v string, c *node) {
+		if v == "" {
+			keyOnly = append(keyOnly, c.elem(depth, PathElem{Key: k}))
+		} else {
+			out = append(out, c.elem(depth, PathElem{Key: k, Value: v}))
+		}
+	})
 	slices.SortFunc(out, func(a, b PathElem) int {
 		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(a.Value, b.Value))
 	})
-	for i := range n.wildcards {
-		w := &n.wildcards[i]
+	wildcards := n.wildcards()
+	for i := range wildcards {
+		w := &wildcards[i]
 		out = append(out, w.node.elem(depth, PathElem{Key: w.key, Value: w.pattern, Wildcard: true}))
 	}
-	for k, c := range n.keyOnly {
-		out = append(out, c.elem(depth, PathElem{Key: k}))
-	}
+	out = append(out, keyOnly...)
 	rank := func(e PathElem) int {
 		switch {
 		case e.Value == "":
@@ -276,22 +280,17 @@ func (n *node) firstRule() *Rule {
 	if n.rule != nil {
 		return n.rule
 	}
-	for _, c := range n.exact {
-		if r := c.firstRule(); r != nil {
-			return r
+	var found *Rule
+	n.eachChild(func(_, _ string, c *node) {
+		if found == nil {
+			found = c.firstRule()
 		}
+	})
+	wildcards := n.wildcards()
+	for i := 0; found == nil && i < len(wildcards); i++ {
+		found = wildcards[i].node.firstRule()
 	}
-	for i := range n.wildcards {
-		if r := n.wildcards[i].node.firstRule(); r != nil {
-			return r
-		}
-	}
-	for _, c := range n.keyOnly {
-		if r := c.firstRule(); r != nil {
-			return r
-		}
-	}
-	return nil
+	return found
 }
 
 // Why returns the explanation as sentences for people: one per step, then

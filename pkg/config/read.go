@@ -26,7 +26,7 @@ func readFiles(path string, opts Options) ([]File, []*Error, error) {
 		return nil, nil, fmt.Errorf("config: %w", err)
 	}
 	if !info.IsDir() {
-		data, err := os.ReadFile(path)
+		data, err := readBounded(path)
 		if err != nil {
 			return nil, nil, fmt.Errorf("config: %w", err)
 		}
@@ -155,12 +155,29 @@ func (r *reader) unread(d string) {
 
 // read adds the file at name to the rule files.
 func (r *reader) read(name string) error {
-	data, err := os.ReadFile(name)
+	data, err := readBounded(name)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	r.files = append(r.files, File{Name: name, Data: data})
 	return nil
+}
+
+// readBounded reads the file at name, but no more than one byte past
+// MaxFileSize: enough for Parse to refuse a file too large, without
+// holding all of it.
+func readBounded(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var b bytes.Buffer
+	if info, err := f.Stat(); err == nil && info.Mode().IsRegular() {
+		b.Grow(int(min(info.Size(), MaxFileSize) + bytes.MinRead))
+	}
+	_, err = b.ReadFrom(io.LimitReader(f, MaxFileSize+1))
+	return b.Bytes(), err
 }
 
 // sniff warns, with the message format says, of the file at name when it

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ratelimitd/ratelimitd/pkg/algo"
@@ -17,6 +18,7 @@ type Rules struct {
 	files    []string
 	hash     string
 	warnings []*Error
+	numRules int
 }
 
 // Domain returns the domain named name, or nil when no rule file defines it.
@@ -32,6 +34,12 @@ func (r *Rules) Domains() []*Domain {
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i].Name < ds[j].Name })
 	return ds
+}
+
+// NumRules returns how many rules the set holds, in all its domains:
+// every rule's [Rule.Index] is below it.
+func (r *Rules) NumRules() int {
+	return r.numRules
 }
 
 // Files returns the rule files the set was loaded from, in load order.
@@ -64,7 +72,10 @@ type Domain struct {
 	File  string
 	root  node
 	rules []*Rule
-	byID  map[string]*Rule
+	// byID indexes rules by ID, made at the first call of Rule: what
+	// decides requests never needs it.
+	byIDOnce sync.Once
+	byID     map[string]*Rule
 }
 
 // Rules returns every rule of the domain in file order.
@@ -74,6 +85,12 @@ func (d *Domain) Rules() []*Rule {
 
 // Rule returns the domain's rule with ID id, or nil.
 func (d *Domain) Rule(id string) *Rule {
+	d.byIDOnce.Do(func() {
+		d.byID = make(map[string]*Rule, len(d.rules))
+		for _, r := range d.rules {
+			d.byID[r.ID] = r // the last of an ID, as ever
+		}
+	})
 	return d.byID[id]
 }
 
@@ -112,46 +129,149 @@ func (d *Domain) Match(desc Descriptor) *Rule {
 	return nil
 }
 
-// node is one level of a domain's descriptor tree.
+// node is one descriptor of a domain's tree, and the level of the
+// descriptors nested in it, which Match walks. A small level (at most
+// smallLevel descriptors, none a wildcard), as most below the first are,
+// is a list looked through in place; a larger one is in maps.
 type node struct {
+	rule  *Rule  // nil when the descriptor has no rate_limit
+	edges []edge // the nested descriptors of a small level, in file order
+	big   *level // those of a larger level, or of one with a wildcard
+}
+
+// smallLevel is the most descriptors a level keeps in a list: comparing
+// that many interned keys costs about what one map lookup does, and the
+// list is in the node Match holds already, where a map is a cache miss
+// away and takes some 200 bytes more for one descriptor.
+const smallLevel = 8
+
+// edge is one descriptor of a small level: its key and exact value, or an
+// empty value for a key-only descriptor.
+type edge struct {
+	key, value string
+	node       *node
+}
+
+// level is the nested descriptors of a large level, or of one with a
+// wildcard.
+type level struct {
 	exact     map[pair]*node   // key with an exact value
 	wildcards []wildcard       // key with a value holding "*", in file order
 	keyOnly   map[string]*node // key without a value: matches any value
-	rule      *Rule            // nil when the descriptor has no rate_limit
 }
 
 type pair struct{ key, value string }
 
 // child returns the child node matching entry (k, v), or nil.
 func (n *node) child(k, v string) *node {
-	if c := n.exact[pair{k, v}]; c != nil {
+	if n.big != nil {
+		return n.big.child(k, v)
+	}
+	var keyOnly *node
+	for i := range n.edges {
+		switch e := &n.edges[i]; {
+		case e.key != k:
+		case e.value == "":
+			keyOnly = e.node
+		case e.value == v:
+			return e.node
+		}
+	}
+	return keyOnly
+}
+
+// child returns the child node matching entry (k, v), or nil: the
+// exact value, a wildcard's pattern taken literally, the first wildcard
+// in file order that matches, the key-only descriptor.
+func (l *level) child(k, v string) *node {
+	if c := l.exact[pair{k, v}]; c != nil {
 		return c
 	}
-	if w := n.literal(k, v); w != nil {
+	if w := l.literal(k, v); w != nil {
 		return w.node
 	}
-	for i := range n.wildcards {
-		w := &n.wildcards[i]
+	for i := range l.wildcards {
+		w := &l.wildcards[i]
 		if w.key == k && w.matches(v) {
 			return w.node
 		}
 	}
-	return n.keyOnly[k]
+	return l.keyOnly[k]
 }
 
 // literal returns the wildcard of key k whose pattern is exactly v, or nil.
 // envoyproxy/ratelimit looks such a value up as an exact one, before any
 // wildcard is tried, so it wins over a wildcard earlier in the file.
-func (n *node) literal(k, v string) *wildcard {
-	if len(n.wildcards) == 0 || !isWildcard(v) {
+func (l *level) literal(k, v string) *wildcard {
+	if len(l.wildcards) == 0 || !isWildcard(v) {
 		return nil
 	}
-	for i := range n.wildcards {
-		if w := &n.wildcards[i]; w.key == k && w.pattern == v {
+	for i := range l.wildcards {
+		if w := &l.wildcards[i]; w.key == k && w.pattern == v {
 			return w
 		}
 	}
 	return nil
+}
+
+// exactChild returns the child of key k and exact value v, or nil.
+func (n *node) exactChild(k, v string) *node {
+	if n.big != nil {
+		return n.big.exact[pair{k, v}]
+	}
+	for i := range n.edges {
+		if e := &n.edges[i]; e.key == k && e.value == v && v != "" {
+			return e.node
+		}
+	}
+	return nil
+}
+
+// keyOnlyChild returns the key-only child of key k, or nil.
+func (n *node) keyOnlyChild(k string) *node {
+	if n.big != nil {
+		return n.big.keyOnly[k]
+	}
+	for i := range n.edges {
+		if e := &n.edges[i]; e.key == k && e.value == "" {
+			return e.node
+		}
+	}
+	return nil
+}
+
+// literal is level.literal of a large level; a small one has no
+// wildcards.
+func (n *node) literal(k, v string) *wildcard {
+	if n.big == nil {
+		return nil
+	}
+	return n.big.literal(k, v)
+}
+
+// wildcards returns the wildcards of the level, in file order.
+func (n *node) wildcards() []wildcard {
+	if n.big == nil {
+		return nil
+	}
+	return n.big.wildcards
+}
+
+// eachChild calls f with every child of the level but wildcards: the
+// exact values and the key-only descriptors (value empty), in no order.
+func (n *node) eachChild(f func(key, value string, c *node)) {
+	if n.big == nil {
+		for _, e := range n.edges {
+			f(e.key, e.value, e.node)
+		}
+		return
+	}
+	for p, c := range n.big.exact {
+		f(p.key, p.value, c)
+	}
+	for k, c := range n.big.keyOnly {
+		f(k, "", c)
+	}
 }
 
 // Rule is a descriptor with a rate_limit block, or with a rate_limits list
@@ -212,6 +332,18 @@ type Rule struct {
 	// File and Line locate the descriptor that holds the rule.
 	File string
 	Line int
+
+	index int // see Index
+}
+
+// Index returns the rule's place among every rule of its [Rules], from 0
+// to [Rules.NumRules]-1: the domains in load order, each one's rules in
+// file order. What keeps state per rule (metrics, say) can keep it in a
+// slice by Index, made when a rule set is put in force, instead of looking
+// rules up in a map on every decision. Rules of different sets share
+// indexes: compare the rule too.
+func (r *Rule) Index() int {
+	return r.index
 }
 
 // HasName reports whether name names the rule: its rate_limit.name, or the

@@ -21,6 +21,20 @@ const (
 	// MaxDomainLen is the longest domain name, the longest a request may
 	// carry.
 	MaxDomainLen = 255
+	// MaxFileSize bounds a rule file, in bytes: 64 MiB, about 450,000
+	// descriptors such as route=rN with a nested user limited, some 150
+	// bytes each written in block style. It bounds the YAML nodes a file
+	// holds, and so the work and memory of loading it; what its aliases
+	// add is bounded apart (MaxAliasNodes).
+	MaxFileSize = 64 << 20
+	// MaxAliasNodes bounds what aliases add to a rule file: the YAML nodes
+	// reached through them, each use of an alias counting again the nodes
+	// it names, may be at most MaxAliasNodes, or as many as the file holds
+	// itself when that is more. That is far above what anchors of shared
+	// limits need (each use of a two-field rate_limit adds 5 nodes) and far
+	// below what a few lines of nested or repeated aliases expand to (a
+	// "billion laughs"), which is refused before anything is walked.
+	MaxAliasNodes = 1_000_000
 	// MaxWindow is the longest window unit × unit_multiplier may make.
 	MaxWindow = 100 * 365 * 24 * time.Hour
 	// MaxBucket bounds requests_per_unit and burst of the bucket

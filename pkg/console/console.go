@@ -10,8 +10,11 @@
 // framework), the JSON it polls, and the page's peek and reset calls; the
 // page explains descriptors with the service's own POST /explain.
 //
-// The hot path costs a lookup in a sync.Map and an atomic add per
-// decision; a refused decision also takes the sketch's mutex and encodes
+// The hot path costs a lookup in a slice by [config.Rule.Index], made by
+// [Console.Rules] for the rules in force, and an atomic add per decision,
+// whatever the number of rules (a rule it was not told of is looked up in
+// a sync.Map by its pointer); a refused decision also takes the sketch's
+// mutex and encodes
 // its descriptor (on the stack; a key new to the sketch is copied into
 // it). Nothing runs in the background: rates are computed when the page
 // asks, from snapshots of the counters taken at most once a second.
@@ -81,8 +84,11 @@ type Console struct {
 	now  func() time.Time
 	log  *slog.Logger
 
-	// byRule maps a *config.Rule to its *ruleStats; overrides maps a
-	// domain to the *ruleStats of its limit overrides.
+	// table holds the stats of the rules in force by config.Rule.Index,
+	// made by Rules; byRule maps other rules' *config.Rule to their
+	// *ruleStats; overrides maps a domain to the *ruleStats of its limit
+	// overrides.
+	table     atomic.Pointer[[]ruleEntry]
 	byRule    sync.Map
 	overrides sync.Map
 	mu        sync.Mutex // guards byID, list, cached
@@ -103,6 +109,13 @@ type Console struct {
 // ruleKey identifies a rule across reloads: its domain and ID; an empty
 // ID stands for the domain's limit overrides.
 type ruleKey struct{ domain, id string }
+
+// ruleEntry is a rule of the rules in force and its stats, nil until it
+// decides.
+type ruleEntry struct {
+	rule *config.Rule
+	st   atomic.Pointer[ruleStats]
+}
 
 // ruleStats counts one rule's decisions by outcome, since the start.
 type ruleStats struct {
@@ -190,10 +203,46 @@ func (c *Console) FailureMode(domain string, m config.FailureMode) {
 	}
 }
 
+// Rules makes the table in which Decided finds the stats of the rules of
+// rules, whatever their number, and forgets the rules it was told of
+// before, so that they can be freed. Call it with the rules at start and
+// after each reload; decisions of rules it was not told of are counted
+// too, found at a cost that grows with the rules.
+func (c *Console) Rules(rules *config.Rules) {
+	t := make([]ruleEntry, rules.NumRules())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, d := range rules.Domains() {
+		for _, r := range d.Rules() {
+			e := &t[r.Index()]
+			e.rule = r
+			if st := c.byID[ruleKey{d.Name, r.ID}]; st != nil {
+				e.st.Store(st)
+			}
+		}
+	}
+	c.table.Store(&t)
+	c.byRule.Clear()
+	c.cached = 0
+}
+
 // rule returns the stats of rule, making them on first sight of the
-// pointer. A reload brings new pointers for the same IDs: they share the
+// rule. A reload brings new pointers for the same IDs: they share the
 // stats of the ID.
 func (c *Console) rule(domain string, rule *config.Rule) *ruleStats {
+	if t := c.table.Load(); t != nil {
+		if i := rule.Index(); i < len(*t) && (*t)[i].rule == rule {
+			e := &(*t)[i]
+			if st := e.st.Load(); st != nil {
+				return st
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			st := c.statsLocked(ruleKey{rule.Domain, rule.ID})
+			e.st.Store(st)
+			return st
+		}
+	}
 	if st, ok := c.byRule.Load(rule); ok {
 		return st.(*ruleStats)
 	}

@@ -6,11 +6,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -645,5 +647,48 @@ descriptors:
 			})
 			be.Close()
 		}
+	}
+}
+
+// TestRulesTable: with Rules told of each rule set, decisions count under
+// the rule's ID across reloads, are found in the table without caching
+// the rules anywhere else, and the rules replaced can be freed.
+func TestRulesTable(t *testing.T) {
+	f := newFixture(t, false)
+	parse := func() *config.Rules {
+		rules, err := config.Parse(config.File{Name: "api.yaml", Data: []byte(testRules)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rules
+	}
+	first := parse()
+	f.svc.SetRules(first)
+	f.cons.Rules(first)
+	f.send(t, 2, "api", "user_id", "alice")
+	var gone weak.Pointer[config.Rule]
+	for _, r := range first.Domain("api").Rules() {
+		if r.ID == "api.user_id" {
+			gone = weak.Make(r)
+		}
+	}
+	first = nil
+	for range 3 {
+		rules := parse()
+		f.svc.SetRules(rules)
+		f.cons.Rules(rules)
+		f.send(t, 1, "api", "user_id", "bob")
+	}
+	if got := sum(trafficOf(f.state(t), "api.user_id").Total); got != 5 {
+		t.Errorf("api.user_id counted %v decisions across reloads, want 5", got)
+	}
+	cached := 0
+	f.cons.byRule.Range(func(any, any) bool { cached++; return true })
+	if cached != 0 {
+		t.Errorf("%d rule pointers cached besides the table", cached)
+	}
+	runtime.GC()
+	if gone.Value() != nil {
+		t.Error("a rule of a replaced set is still reachable")
 	}
 }

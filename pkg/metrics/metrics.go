@@ -56,11 +56,16 @@
 // # Cost
 //
 // Decided does not allocate for a rule without detailed metrics, for an
-// override, nor for a detailed label already seen: series are looked up in
-// caches keyed by the rule's pointer, the domain, or the label built in a
-// stack buffer. Rules are replaced wholesale on reload; the pointer cache
-// is cleared when it grows past twice the rule IDs seen, so reloads do not
-// grow it without bound.
+// override, nor for a detailed label already seen, and its cost does not
+// grow with the rules: series are looked up in a table by
+// [config.Rule.Index] that [Metrics.Rules] makes for the rules in force,
+// or in caches keyed by the domain or by the label built in a stack
+// buffer. A series is a few atomic counters, some 300 bytes a rule with
+// its labels, exported by a collector of the package's own. Rules the
+// table does not hold (Rules not called, or a decision under the rules
+// just replaced) are found in a cache keyed by the rule's pointer, which
+// Rules clears and which is cleared when it grows past twice the rule IDs
+// seen, so that neither reloads nor the old rules stay in it.
 package metrics
 
 import (
@@ -68,7 +73,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,18 +181,20 @@ const numOutcomes = int(service.OutcomeUnlimited) + 1
 // Metrics counts decisions and backend calls; see the package
 // documentation. Create it with [New]. It is safe for concurrent use.
 type Metrics struct {
-	decisions *prometheus.CounterVec // domain, rule, result
-	hits      *prometheus.CounterVec // domain, rule
-	dropped   prometheus.Counter
-	latency   prometheus.Histogram
-	degraded  *prometheus.CounterVec // domain, mode
-	errs      [numKinds]prometheus.Counter
-	slots     *slots
+	series   *seriesCollector // decisions_total and hits_total
+	dropped  prometheus.Counter
+	latency  prometheus.Histogram
+	degraded *prometheus.CounterVec // domain, mode
+	errs     [numKinds]prometheus.Counter
+	slots    *slots
 
 	log         *slog.Logger
 	maxDetailed int // < 0: no detailed labels
 
-	// byRule caches each rule's entry by its pointer; see entry.
+	// table holds the entry of every rule of the rules in force, by
+	// config.Rule.Index, made by Rules; byRule caches the entries of
+	// other rules by their pointer. See entry.
+	table  atomic.Pointer[ruleTable]
 	byRule sync.Map // *config.Rule -> *ruleEntry
 
 	// mu guards the slow paths: making series of rules and overrides.
@@ -212,6 +218,11 @@ var (
 // ruleKey names a plain rule series.
 type ruleKey struct{ domain, id string }
 
+// ruleTable is the entries of a rule set, by config.Rule.Index.
+type ruleTable struct {
+	entries []ruleEntry
+}
+
 // ruleEntry is what Decided needs of a rule.
 type ruleEntry struct {
 	key    ruleKey
@@ -220,15 +231,6 @@ type ruleEntry struct {
 	// plain is the series of the rule's ID: made with the entry for a
 	// rule without detailed labels, when first needed for one with them.
 	plain atomic.Pointer[series]
-}
-
-// series is the counters of one (domain, rule) label pair.
-type series struct {
-	domain, rule string
-	hits         prometheus.Counter
-	// results holds the counter of each outcome the rule can have; an
-	// unexpected outcome is looked up in the vector each time.
-	results [numOutcomes]prometheus.Counter
 }
 
 // New returns metrics whose collectors are registered on reg.
@@ -246,14 +248,7 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 		opts.Now = time.Now
 	}
 	m := &Metrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "decisions_total",
-			Help: helpDecisions,
-		}, []string{"domain", "rule", "result"}),
-		hits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: Namespace, Name: "hits_total",
-			Help: helpHits,
-		}, []string{"domain", "rule"}),
+		series: newSeriesCollector(time.Now),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: Namespace, Name: "metric_series_dropped_total",
 			Help: helpDropped,
@@ -281,7 +276,7 @@ func New(reg prometheus.Registerer, opts Options) (*Metrics, error) {
 		m.errs[k] = errs.WithLabelValues(k.String())
 	}
 	m.override.Store(&map[string]*series{})
-	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.dropped, m.latency, errs, m.degraded, m.slots} {
+	for _, c := range []prometheus.Collector{m.series, m.dropped, m.latency, errs, m.degraded, m.slots} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
@@ -300,15 +295,10 @@ func (m *Metrics) Decided(domain string, rule *config.Rule, d *rlv3.RateLimitDes
 		if e.detail {
 			s = m.detailedSeries(e, d)
 		} else {
-			s = e.plain.Load()
+			s = m.plain(e)
 		}
 	}
-	s.hits.Add(float64(hits))
-	if int(o) < numOutcomes && s.results[o] != nil {
-		s.results[o].Inc()
-		return
-	}
-	m.decisions.WithLabelValues(s.domain, s.rule, o.String()).Inc()
+	s.count(o, hits)
 }
 
 // Rules makes the failure-mode series of every domain of rules, and the
@@ -316,13 +306,32 @@ func (m *Metrics) Decided(domain string, rule *config.Rule, d *rlv3.RateLimitDes
 // that dashboards and alerts see them before the first event. Call it
 // with the rules at start and after each reload; series of domains and
 // rules that went away stay, bounded by those ever loaded.
+//
+// It also makes the table in which Decided finds the rules' series by
+// [config.Rule.Index], whatever their number, and forgets the rules put
+// in force before, so that they can be freed: decisions of rules it was
+// not told of find their series in a cache keyed by the rule's pointer,
+// at a cost that grows with the rules.
 func (m *Metrics) Rules(rules *config.Rules) {
 	m.slots.ruleSlots(rules)
+	t := &ruleTable{entries: make([]ruleEntry, rules.NumRules())}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for _, d := range rules.Domains() {
 		for _, mode := range []config.FailureMode{config.FailOpen, config.FailClosed, config.FailError, config.FailLocal} {
 			m.degraded.WithLabelValues(d.Name, string(mode))
 		}
+		for _, r := range d.Rules() {
+			e := &t.entries[r.Index()]
+			e.key, e.rule, e.detail = ruleKey{d.Name, r.ID}, r, m.maxDetailed > 0 && detailed(r)
+			if s := m.byID[e.key]; s != nil {
+				e.plain.Store(s) // made under an earlier rule set
+			}
+		}
 	}
+	m.table.Store(t)
+	m.byRule.Clear()
+	m.cached = 0
 }
 
 // FailureMode counts a request decided by a failure mode; it implements
@@ -347,8 +356,14 @@ func (m *Metrics) BackendCall(took time.Duration, err error) {
 	}
 }
 
-// entry returns rule's entry, making it on first sight of the pointer.
+// entry returns rule's entry: in the table of the rules in force, else
+// cached by its pointer, made on first sight.
 func (m *Metrics) entry(domain string, rule *config.Rule) *ruleEntry {
+	if t := m.table.Load(); t != nil {
+		if i := rule.Index(); i < len(t.entries) && t.entries[i].rule == rule {
+			return &t.entries[i]
+		}
+	}
 	if e, ok := m.byRule.Load(rule); ok {
 		return e.(*ruleEntry)
 	}
@@ -478,15 +493,9 @@ func (m *Metrics) drop(e *ruleEntry, reason string) *series {
 }
 
 // newSeries makes the series of (domain, rule), with a counter for each
-// of outcomes. Label values must be UTF-8: invalid bytes, which neither
-// rule files nor protobuf requests let through, become U+FFFD.
+// of outcomes at zero; see seriesCollector.add.
 func (m *Metrics) newSeries(domain, rule string, outcomes []service.Outcome) *series {
-	domain, rule = strings.ToValidUTF8(domain, "\uFFFD"), strings.ToValidUTF8(rule, "\uFFFD")
-	s := &series{domain: domain, rule: rule, hits: m.hits.WithLabelValues(domain, rule)}
-	for _, o := range outcomes {
-		s.results[o] = m.decisions.WithLabelValues(domain, rule, o.String())
-	}
-	return s
+	return m.series.add(domain, rule, outcomes)
 }
 
 // outcomesOf returns the outcomes a rule can have (nil for an override):

@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"weak"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -523,4 +525,103 @@ func BenchmarkBackendCall(b *testing.B) {
 	for b.Loop() {
 		m.BackendCall(300*time.Microsecond, nil)
 	}
+}
+
+// TestRulesTable: the rules put in force with Rules are found in its
+// table, by index, and cached nowhere else; a rule of another set with
+// the same index is told apart, and counted under its own ID; the series
+// carry a creation time, as prometheus counters do.
+func TestRulesTable(t *testing.T) {
+	m, reg := newMetrics(t, Options{})
+	plain := desc("message_type", "marketing", "to_number", "1")
+	first := parseRules(t)
+	m.Rules(first)
+	m.Decided("messaging", first.Domain("messaging").Match(descriptor{plain}), plain, service.OutcomeOK, 1)
+
+	// New pointers for the same IDs, decided before and after Rules.
+	second := parseRules(t)
+	rule := second.Domain("messaging").Match(descriptor{plain})
+	m.Decided("messaging", rule, plain, service.OutcomeOK, 1)
+	m.Rules(second)
+	m.Decided("messaging", rule, plain, service.OutcomeNearLimit, 1)
+	cached := 0
+	m.byRule.Range(func(any, any) bool { cached++; return true })
+	if cached != 0 {
+		t.Errorf("%d rule pointers cached besides the table", cached)
+	}
+
+	// Another set, whose first rule has the first index too.
+	other, err := config.Parse(config.File{Name: "other.yaml", Data: []byte("domain: other\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := desc("k", "v")
+	otherRule := other.Domain("other").Match(descriptor{k})
+	if otherRule.Index() != 0 || m.table.Load().entries[0].rule == otherRule {
+		t.Fatalf("index %d", otherRule.Index())
+	}
+	m.Decided("other", otherRule, k, service.OutcomeOK, 3)
+
+	gatherAndCompare(t, reg, decisionsHeader+`
+ratelimitd_decisions_total{domain="messaging",result="near_limit",rule="messaging.message_type_marketing.to_number"} 1
+ratelimitd_decisions_total{domain="messaging",result="ok",rule="messaging.message_type_marketing.to_number"} 2
+ratelimitd_decisions_total{domain="messaging",result="over_limit",rule="messaging.message_type_marketing.to_number"} 0
+ratelimitd_decisions_total{domain="other",result="near_limit",rule="other.k"} 0
+ratelimitd_decisions_total{domain="other",result="ok",rule="other.k"} 1
+ratelimitd_decisions_total{domain="other",result="over_limit",rule="other.k"} 0
+`+hitsHeader+`
+ratelimitd_hits_total{domain="messaging",rule="messaging.message_type_marketing.to_number"} 3
+ratelimitd_hits_total{domain="other",rule="other.k"} 3
+`, "ratelimitd_decisions_total", "ratelimitd_hits_total")
+
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range fams {
+		if name := mf.GetName(); name == "ratelimitd_decisions_total" || name == "ratelimitd_hits_total" {
+			for _, mt := range mf.Metric {
+				if ts := mt.GetCounter().GetCreatedTimestamp(); ts == nil || ts.AsTime().IsZero() {
+					t.Errorf("%s %v: no creation time", name, mt.GetLabel())
+				}
+			}
+		}
+	}
+}
+
+// TestRulesReplacedAreFreed: once Rules has the next rule set, the
+// metrics hold nothing of the rules they counted before.
+func TestRulesReplacedAreFreed(t *testing.T) {
+	m, _ := newMetrics(t, Options{})
+	plain, detailedDesc := desc("message_type", "marketing", "to_number", "1"), desc("to_number", "2061111111")
+	old := parseRules(t)
+	d := old.Domain("messaging")
+	gone := weak.Make(d.Match(descriptor{plain}))
+	// Decided before and after the rules are in the table.
+	m.Decided("messaging", d.Match(descriptor{plain}), plain, service.OutcomeOK, 1)
+	m.Rules(old)
+	m.Decided("messaging", d.Match(descriptor{plain}), plain, service.OutcomeOK, 1)
+	m.Decided("messaging", d.Match(descriptor{detailedDesc}), detailedDesc, service.OutcomeOK, 1)
+	m.Rules(parseRules(t))
+	old, d = nil, nil
+	runtime.GC()
+	if gone.Value() != nil {
+		t.Error("a rule of the replaced set is still reachable")
+	}
+}
+
+// TestLabelsNotUTF8: detailed labels of values that are not UTF-8 are
+// exported with U+FFFD in their place, and labels that differ only there
+// are one series, counting the decisions of both.
+func TestLabelsNotUTF8(t *testing.T) {
+	m, reg := newMetrics(t, Options{})
+	rules := parseRules(t).Domain("messaging")
+	for _, v := range []string{"\xff", "\ufffd", "\xfe", "a"} {
+		d := desc("to_number", v)
+		m.Decided("messaging", rules.Match(descriptor{d}), d, service.OutcomeOK, 1)
+	}
+	gatherAndCompare(t, reg, hitsHeader+"\n"+
+		"ratelimitd_hits_total{domain=\"messaging\",rule=\"messaging.to_number_\ufffd\"} 3\n"+
+		"ratelimitd_hits_total{domain=\"messaging\",rule=\"messaging.to_number_a\"} 1\n",
+		"ratelimitd_hits_total")
 }

@@ -15,7 +15,10 @@
 //     good rules keep serving. A later change that fixes the files is
 //     applied as usual.
 //   - A set with the same hash as the rules in force (a file saved
-//     unchanged, a touch, a chmod) is not applied again.
+//     unchanged, a touch, a chmod) is not applied again, nor parsed: its
+//     files are read and hashed first ([config.HashOf]), which takes
+//     milliseconds where parsing a domain of 100,000 descriptors takes
+//     seconds.
 //
 // Deleting one rule file of a directory is a valid change: its domain goes
 // away. Deleting every rule file, or the rule file named by a file path,
