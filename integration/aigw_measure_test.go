@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratelimitd/ratelimitd/internal/aigwsim"
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/refproc"
 )
 
 // TestAIGatewayMeasure runs issue 31's scenario at its own scale, windows
@@ -52,7 +53,7 @@ func (sc aigwScenario) runReference(t *testing.T, bin string) aigwsim.Report {
 	t.Helper()
 	redis := redistest.StartNode(t)
 	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
+	dir := refproc.ConfigDir(root)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -64,13 +65,9 @@ func (sc aigwScenario) runReference(t *testing.T, bin string) aigwsim.Report {
 		httpPort, grpcPort, debugPort := freePort(t), freePort(t), freePort(t)
 		var logs bytes.Buffer
 		cmd := exec.Command(bin)
-		cmd.Env = []string{
-			"PATH=" + os.Getenv("PATH"),
-			"HOST=127.0.0.1", "PORT=" + httpPort, "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
-			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + debugPort,
-			"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true",
-			"LOG_LEVEL=warn", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr, "USE_STATSD=false",
-		}
+		cmd.Env = refproc.Env(refproc.Settings{
+			Root: root, Redis: redis.Addr, HTTPPort: atoi(t, httpPort), GRPCPort: atoi(t, grpcPort), Debug: atoi(t, debugPort),
+		})
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/refproc"
 )
 
 // The recorder of the reference fixtures (testdata/reference/*.json, see
@@ -288,7 +290,7 @@ func runReference(t *testing.T, bin string, f refFixture, answer func(i int, res
 	t.Helper()
 	redis := redistest.StartNode(t)
 	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
+	dir := refproc.ConfigDir(root)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -298,16 +300,10 @@ func runReference(t *testing.T, bin string, f refFixture, answer func(i int, res
 		}
 	}
 	httpPort, grpcPort, debugPort := freePort(t), freePort(t), freePort(t)
-	env := []string{
-		"PATH=" + os.Getenv("PATH"),
-		"HOST=127.0.0.1", "PORT=" + httpPort,
-		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
-		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + debugPort,
-		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true",
-		"LOG_LEVEL=info", "LOG_FORMAT=json",
-		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr,
-		"USE_STATSD=false",
-	}
+	env := refproc.Env(refproc.Settings{
+		Root: root, Redis: redis.Addr, HTTPPort: atoi(t, httpPort), GRPCPort: atoi(t, grpcPort), Debug: atoi(t, debugPort),
+		LogLevel: "info", Extra: []string{"LOG_FORMAT=json"},
+	})
 	for _, k := range sortedKeys(f.Env) {
 		env = append(env, k+"="+f.Env[k])
 	}
@@ -386,6 +382,16 @@ func waitHealthy(t *testing.T, url string, exited <-chan struct{}, waitErr func(
 }
 
 // freePort returns a loopback port free now.
+// atoi reads a port freePort returned.
+func atoi(t *testing.T, port string) int {
+	t.Helper()
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func freePort(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
