@@ -264,6 +264,145 @@ local function apply(l, s, hits, o, x, y, z, counts)
   return next, allowed, remaining, reset, retry, wait, taken, mark, valid, false
 end
 
+-- The fixed window's common case, decided without tables: a request of
+-- flags '0' (not shadow, peek or counting; no lease, reservation or
+-- reference layout) on a key that holds no state or a plain "t c" (no
+-- reservations), which no earlier batch of the call stored. It is what
+-- algorithms.fixed_window.step, load and save do for that case, step for
+-- step: TestGoAndLua* and the conformance vectors hold it to the Go twin.
+local fw_match, fw_layout = string.match, '%d %d'
+
+-- fw_view returns what KEYS[j] holds for the fixed window l at now, when
+-- it is the common case: the window's start and end, and its count; nil
+-- otherwise.
+local function fw_view(j, l)
+  if stored_states[keys[j]] ~= nil then
+    return nil
+  end
+  local v, t, c = vals[j], 0, 0
+  if v then
+    t, c = fw_match(v, '^(%-?%d+) (%-?%d+)$')
+    if t == nil then
+      return nil -- reservations, or a state of another layout
+    end
+    t, c = tonumber(t), tonumber(c)
+  end
+  local w = l.w
+  local start = now - floor_mod(now, w)
+  if t > start and t - start <= w then
+    start = t -- a clock stepped back: the stored window keeps counting
+  end
+  if t ~= start or c <= 0 then
+    c = 0
+  end
+  return start, start + w, c, t
+end
+
+-- fw_store stores the count c of the window starting at start in KEYS[j],
+-- whose stored window and count were t and was (fixed_window's store): a
+-- later write of the same window keeps the key's TTL.
+local function fw_store(j, start, c, stop, was, t)
+  local key = keys[j]
+  local v = string.format(fw_layout, start, c)
+  if keep_ttl and was > 0 and t == start then
+    redis.call('SET', key, v, 'KEEPTTL')
+  else
+    redis.call('SET', key, v, 'PX', fmt(max(ceil((stop - now) / 1000), min_ttl)))
+  end
+  stored_states[key] = {t = start, c = c}
+end
+
+-- fw_reply appends the reply of a fixed window's request of hits on a
+-- window [start, stop) counting used of l.n: allowed, remaining,
+-- reset_us, retry_us, wait_us, as decide_one would.
+local function fw_reply(reply, p, l, hits, start, stop, used)
+  local n = l.n
+  local remaining = n - min(used, n)
+  if hits > remaining then
+    local retry = stop - now
+    if hits > n then
+      retry = NEVER
+    end
+    reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = 0, remaining, used > 0 and stop - now or 0, retry, 0
+    return false
+  end
+  local reset = stop - now
+  if hits == 0 and used == 0 then
+    reset = 0
+  end
+  reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = 1, remaining - hits, reset, 0, 0
+  return true
+end
+
+-- fw_one decides a batch of one request of the common case, KEYS[k] with
+-- its hits, appending its reply; it returns false, having done nothing,
+-- when KEYS[k] is not the common case.
+local function fw_one(k, l, hits, reply)
+  local start, stop, used, t = fw_view(k, l)
+  if start == nil then
+    return false
+  end
+  local n = #reply
+  local allowed = fw_reply(reply, n + 2, l, hits, start, stop, used)
+  reply[n + 1], reply[n + 7] = allowed and 1 or 0, 0
+  if allowed and hits > 0 then
+    fw_store(k, start, used + hits, stop, used, t)
+  end
+  return true
+end
+
+-- fw_scratch holds fw_batch's views, six values a request, from call to
+-- call: a batch of the common case allocates no table.
+local fw_scratch, fw_most = {}, 8
+
+-- fw_batch decides the batch of count requests whose first key is KEYS[k]
+-- and first argument ARGV[a] when every request is the common case, on
+-- keys of its own within the batch, appending its reply as decide_batch
+-- would; it returns false, having done nothing, otherwise.
+local function fw_batch(argv, k, count, a, reply)
+  if count > fw_most then
+    return false
+  end
+  local sc, fw = fw_scratch, algorithms.fixed_window
+  for i = 1, count do
+    local j, ai, q = k + i - 1, a + 3 * (i - 1), 6 * (i - 1)
+    local l = argv[ai + 2] == '0' and limit_of(argv[ai])
+    if not l or l.alg ~= fw then
+      return false
+    end
+    for m = k, j - 1 do
+      if keys[m] == keys[j] then
+        return false -- a key twice: each request sees the one before
+      end
+    end
+    local start, stop, used, t = fw_view(j, l)
+    if start == nil then
+      return false
+    end
+    sc[q + 1], sc[q + 2], sc[q + 3], sc[q + 4], sc[q + 5], sc[q + 6] = l, tonumber(argv[ai + 1]), start, stop, used, t
+  end
+  local o = #reply
+  local admitted = true
+  for i = 1, count do
+    local q = 6 * (i - 1)
+    if not fw_reply(reply, o + 2 + 5 * (i - 1), sc[q + 1], sc[q + 2], sc[q + 3], sc[q + 4], sc[q + 5]) then
+      admitted = false
+    end
+  end
+  reply[o + 1], reply[o + 2 + 5 * count] = admitted and 1 or 0, 0
+  for i = count, 1, -1 do
+    local q, p = 6 * (i - 1), o + 2 + 5 * (i - 1)
+    local l, hits, start, stop, used = sc[q + 1], sc[q + 2], sc[q + 3], sc[q + 4], sc[q + 5]
+    if not admitted then
+      -- Nothing is stored; each reports the state as it stands.
+      reply[p + 1], reply[p + 2], reply[p + 4] = l.n - min(used, l.n), used > 0 and stop - now or 0, 0
+    elseif hits > 0 then
+      fw_store(k + i - 1, start, used + hits, stop, used, sc[q + 6])
+    end
+  end
+  return true
+end
+
 -- decide_one decides a batch of one request, KEYS[k] with its arguments at
 -- ARGV[a], appending its reply to reply; it returns an error message or
 -- nil. It is decide_batch for count 1, without the tables.
@@ -273,6 +412,9 @@ local function decide_one(argv, k, a, reply)
     return err
   end
   local hits, flags = tonumber(argv[a + 1]), argv[a + 2]
+  if flags == '0' and l.alg == algorithms.fixed_window and fw_one(k, l, hits, reply) then
+    return nil
+  end
   local o, x, y, z
   if #flags > 1 then
     flags, o, x, y, z = parse_flags(flags)
@@ -323,6 +465,8 @@ end
 local function decide_batch(argv, k, count, a, reply)
   if count == 1 then
     return decide_one(argv, k, a, reply)
+  elseif fw_batch(argv, k, count, a, reply) then
+    return nil
   end
   -- reqs[i]: {l, whether it stores, the key's state at the batch's start,
   -- the next state when allowed, reset, taken, mark, valid}; start and
