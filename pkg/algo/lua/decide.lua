@@ -265,16 +265,20 @@ local function apply(l, s, hits, o, x, y, z, counts)
 end
 
 -- The fixed window's common case, decided without tables: a request of
--- flags '0' (not shadow, peek or counting; no lease, reservation or
--- reference layout) on a key that holds no state or a plain "t c" (no
--- reservations), which no earlier batch of the call stored. It is what
--- algorithms.fixed_window.step, load and save do for that case, step for
--- step: TestGoAndLua* and the conformance vectors hold it to the Go twin.
+-- flags '0' (not shadow or peek; no lease or reservation), or '4' (it
+-- counts refused hits) when it is admitted with hits, on a key that holds
+-- no state or a plain "t c" (no reservations), which no earlier batch of
+-- the call stored; and the same request kept in the reference layout
+-- (" w AT TTL"), whose key holds a plain count. It is what
+-- algorithms.fixed_window.step, load and save, and plain_load and
+-- plain_save, do for that case, step for step: TestGoAndLua* and the
+-- conformance vectors hold it to the Go twin. Anything else takes the
+-- general path, as before.
 local fw_match, fw_layout = string.match, '%d %d'
 
 -- fw_view returns what KEYS[j] holds for the fixed window l at now, when
--- it is the common case: the window's start and end, and its count; nil
--- otherwise.
+-- it is the common case: the window's start and end, its count, and the
+-- window the key stored; nil otherwise.
 local function fw_view(j, l)
   if stored_states[keys[j]] ~= nil then
     return nil
@@ -296,6 +300,24 @@ local function fw_view(j, l)
     c = 0
   end
   return start, start + w, c, t
+end
+
+-- fw_plain_view is fw_view for a key in the reference layout, whose value
+-- is the count of the window that holds now (plain_load); its last value
+-- is false when the key does not exist (its TTL is then set).
+local function fw_plain_view(j, l)
+  if stored_states[keys[j]] ~= nil then
+    return nil
+  end
+  local v, c = vals[j], 0
+  if v then
+    c = tonumber(v)
+    if c == nil then
+      return nil
+    end
+  end
+  local start = now - floor_mod(now, l.w)
+  return start, start + l.w, max(c, 0), v and true or false
 end
 
 -- fw_store stores the count c of the window starting at start in KEYS[j],
@@ -334,20 +356,57 @@ local function fw_reply(reply, p, l, hits, start, stop, used)
   return true
 end
 
--- fw_one decides a batch of one request of the common case, KEYS[k] with
--- its hits, appending its reply; it returns false, having done nothing,
--- when KEYS[k] is not the common case.
-local function fw_one(k, l, hits, reply)
-  local start, stop, used, t = fw_view(k, l)
-  if start == nil then
+-- fw_fits tells whether a request of hits that counts refused hits takes
+-- the common case: only when its hits are admitted; a refusal counts
+-- them, and zero hits are refused past the limit (algo's stepWith).
+local function fw_fits(counts, l, hits, used)
+  return not counts or (hits > 0 and hits <= l.n - min(used, l.n))
+end
+
+-- fw_one decides a batch of one request of limit l and hits whose flags
+-- are flags, KEYS[k], appending its reply, when it is the common case; it
+-- returns false, having done nothing, otherwise.
+local function fw_one(k, l, hits, flags, reply)
+  local digit, at, ttl = flags, nil, nil
+  if #flags > 1 then
+    digit, at, ttl = fw_match(flags, '^([04]) w (%d+) (%d+)$')
+    if digit == nil then
+      return false
+    end
+  elseif flags ~= '0' and flags ~= '4' then
+    return false
+  end
+  local call_now = now
+  if at then
+    now = tonumber(at) -- decided at the instant that named the key's window
+  end
+  local start, stop, used, t
+  if at then
+    start, stop, used, t = fw_plain_view(k, l)
+  else
+    start, stop, used, t = fw_view(k, l)
+  end
+  if start == nil or not fw_fits(digit == '4', l, hits, used) then
+    now = call_now
     return false
   end
   local n = #reply
   local allowed = fw_reply(reply, n + 2, l, hits, start, stop, used)
   reply[n + 1], reply[n + 7] = allowed and 1 or 0, 0
   if allowed and hits > 0 then
-    fw_store(k, start, used + hits, stop, used, t)
+    if not at then
+      fw_store(k, start, used + hits, stop, used, t)
+    else
+      -- plain_save: the hits admitted, with INCRBY; a new key's TTL.
+      local key = keys[k]
+      redis.call('INCRBY', key, fmt(hits))
+      if not t then
+        redis.call('EXPIRE', key, ttl)
+      end
+      stored_states[key] = {t = start, c = used + hits}
+    end
   end
+  now = call_now
   return true
 end
 
@@ -356,17 +415,19 @@ end
 local fw_scratch, fw_most = {}, 8
 
 -- fw_batch decides the batch of count requests whose first key is KEYS[k]
--- and first argument ARGV[a] when every request is the common case, on
--- keys of its own within the batch, appending its reply as decide_batch
--- would; it returns false, having done nothing, otherwise.
+-- and first argument ARGV[a] when every request is the common case (but
+-- for the reference layout), on keys of its own within the batch,
+-- appending its reply as decide_batch would; it returns false, having
+-- done nothing, otherwise.
 local function fw_batch(argv, k, count, a, reply)
   if count > fw_most then
     return false
   end
-  local sc, fw = fw_scratch, algorithms.fixed_window
+  local sc, fw, counting = fw_scratch, algorithms.fixed_window, false
   for i = 1, count do
     local j, ai, q = k + i - 1, a + 3 * (i - 1), 6 * (i - 1)
-    local l = argv[ai + 2] == '0' and limit_of(argv[ai])
+    local flags = argv[ai + 2]
+    local l = (flags == '0' or flags == '4') and limit_of(argv[ai])
     if not l or l.alg ~= fw then
       return false
     end
@@ -379,7 +440,15 @@ local function fw_batch(argv, k, count, a, reply)
     if start == nil then
       return false
     end
+    counting = counting or flags == '4'
     sc[q + 1], sc[q + 2], sc[q + 3], sc[q + 4], sc[q + 5], sc[q + 6] = l, tonumber(argv[ai + 1]), start, stop, used, t
+  end
+  for i = 1, counting and count or 0 do
+    -- A refused batch stores its counting requests: the general path's.
+    local q = 6 * (i - 1)
+    if not fw_fits(true, sc[q + 1], sc[q + 2], sc[q + 5]) then
+      return false
+    end
   end
   local o = #reply
   local admitted = true
@@ -412,7 +481,7 @@ local function decide_one(argv, k, a, reply)
     return err
   end
   local hits, flags = tonumber(argv[a + 1]), argv[a + 2]
-  if flags == '0' and l.alg == algorithms.fixed_window and fw_one(k, l, hits, reply) then
+  if l.alg == algorithms.fixed_window and fw_one(k, l, hits, flags, reply) then
     return nil
   end
   local o, x, y, z
