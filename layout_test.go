@@ -36,6 +36,7 @@ var allowedDeps = map[string][]string{
 	"internal/redistest":    {"internal/pki"},
 	"internal/xdstest":      {},
 	"internal/reftest":      {},
+	"internal/refproc":      {}, // how envoyproxy/ratelimit is run beside ratelimitd (tests, the load generator)
 	"internal/wiretest":     {},
 	"internal/pki":          {}, // throwaway certificate authorities for tests and the load generator
 	"internal/clocktest":    {}, // the one fake clock of the tests
@@ -61,7 +62,7 @@ var allowedDeps = map[string][]string{
 
 // stdlibOnly lists packages that may import nothing outside the standard
 // library.
-var stdlibOnly = []string{"internal/clocktest", "internal/footprint", "internal/pki", "internal/rulegen", "internal/reftest", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
+var stdlibOnly = []string{"internal/clocktest", "internal/footprint", "internal/pki", "internal/rulegen", "internal/reftest", "internal/refproc", "pkg/algo", "pkg/algo/algotest", "pkg/key", "pkg/backend/memory", "pkg/backend/overlimit", "pkg/backend/breaker", "pkg/backend/lease", "pkg/tlsconfig", "pkg/topk"}
 
 func TestDependencyDirection(t *testing.T) {
 	seen := map[string]bool{}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/ratelimitd/ratelimitd/internal/redistest"
+	"github.com/ratelimitd/ratelimitd/internal/refproc"
 )
 
 // The recorder of the reference fixtures (testdata/reference/*.json, see
@@ -300,7 +302,7 @@ func runReference(t *testing.T, bin string, f refFixture, answer func(i int, res
 func runtimeRoot(t *testing.T, rules map[string]string) string {
 	t.Helper()
 	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
+	dir := refproc.ConfigDir(root)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +324,10 @@ func startReference(t *testing.T, bin, root, redisAddr string, extra ...string) 
 	httpPort, grpcPort, debugPort := freePort(t), freePort(t), freePort(t)
 	var logs bytes.Buffer
 	cmd := exec.Command(bin)
-	cmd.Env = referenceEnvOn(root, redisAddr, httpPort, grpcPort, debugPort, extra...)
+	cmd.Env = refproc.Env(refproc.Settings{
+		Root: root, Redis: redisAddr, HTTPPort: atoi(t, httpPort), GRPCPort: atoi(t, grpcPort), Debug: atoi(t, debugPort),
+		LogLevel: "info", Extra: append([]string{"LOG_FORMAT=json"}, extra...),
+	})
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -402,6 +407,16 @@ func waitHealthy(t *testing.T, url string, exited <-chan struct{}, waitErr func(
 }
 
 // freePort returns a loopback port free now.
+// atoi reads a port freePort returned.
+func atoi(t *testing.T, port string) int {
+	t.Helper()
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func freePort(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

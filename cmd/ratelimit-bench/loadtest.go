@@ -40,6 +40,7 @@ type loadtestConfig struct {
 	Groups                     map[string]bool // the scenario groups to run (-scenarios)
 	RLQS                       rlqsConfig      // the rlqs group's streams (-rlqs-*)
 	Regions                    regionsConfig   // the regions group's links (-region-*)
+	Side                       sideConfig      // the side-by-side group's servers (-reference-bin, -side-*)
 }
 
 // The scenario groups, as -scenarios names them, in the order their rows
@@ -69,7 +70,7 @@ const (
 )
 
 // scenarioGroups lists every group, in table order.
-var scenarioGroups = []string{groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRegions, groupRLQS}
+var scenarioGroups = []string{groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRegions, groupRLQS, groupSideBySide}
 
 // parseScenarios reads -scenarios: "all", or group names separated by
 // commas.
@@ -127,6 +128,7 @@ func loadtestMain(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&c.Out, "out", "", "write each scenario's full report into this directory as JSON")
 	addRLQSFlags(fs, &c.RLQS)
 	addRegionsFlags(fs, &c.Regions)
+	addSideFlags(fs, &c.Side)
 	scenarios := fs.String("scenarios", "all", "the scenario groups to run: all, or some of "+strings.Join(scenarioGroups, ", ")+" separated by commas (such as leased, to reproduce just those rows)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage: ratelimit-bench loadtest [flags]
@@ -152,9 +154,13 @@ answers at once (ratelimit-bench floor-server), and a round trip to Redis.
   %s: RLQS streams (-rlqs-streams) each reporting -rlqs-buckets buckets
       every -rlqs-interval to ratelimitd -rlqs on -rlqs-backends:
       report-to-assignment latency, CPU and memory, in a table of its own
+  %s: ratelimitd beside envoyproxy/ratelimit (-reference-bin, or
+      ANCHOR_BIN) and/or another ratelimitd (-baseline-ratelimitd) on the
+      same Redis, rules and load, in interleaved rounds, with each round's
+      ratios; skipped when neither is given
 
 Flags:
-`, groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRegions, groupRLQS)
+`, groupStandard, groupRedisBenchmark, groupLeased, groupFloors, groupSlots, groupRegions, groupRLQS, groupSideBySide)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -177,6 +183,10 @@ Flags:
 	}
 	var err error
 	if c.Groups, err = parseScenarios(*scenarios); err != nil {
+		fmt.Fprintf(stderr, "ratelimit-bench loadtest: %v\n", err)
+		return exitUsage
+	}
+	if err := c.Side.validate(); err != nil {
 		fmt.Fprintf(stderr, "ratelimit-bench loadtest: %v\n", err)
 		return exitUsage
 	}
@@ -251,6 +261,9 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 			return nil, err
 		}
 		if err := writeRLQSRules(c.Config, c.Key); err != nil {
+			return nil, err
+		}
+		if err := writeSideRules(c.Config, c.Key); err != nil {
 			return nil, err
 		}
 		lt.logf("rules: %s", c.Config)
@@ -373,6 +386,12 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 			return nil, err
 		}
 	}
+	var side []scenario
+	if c.Groups[groupSideBySide] {
+		if side, err = lt.sideBySide(ctx, redis, redisAddr, rdb); err != nil {
+			return nil, err
+		}
+	}
 	var floors []scenario
 	if c.Groups[groupFloors] {
 		if floors, err = lt.floors(ctx, redisAddr, redis.pid()); err != nil {
@@ -391,7 +410,7 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 			return nil, err
 		}
 	}
-	return slices.Concat(rows, floors, slotsOnRedis, regions), nil
+	return slices.Concat(rows, side, floors, slotsOnRedis, regions), nil
 }
 
 // ceiling measures Redis running the decision code alone, called as the

@@ -47,6 +47,11 @@ const (
 // test's directory; the kernel kills it should the load test die without
 // stopping it.
 func (lt *loadtest) start(name, bin string, args []string, stderr io.Writer, where placement) (*child, error) {
+	return lt.startEnv(name, bin, args, cleanEnv(), stderr, where)
+}
+
+// startEnv is start with the whole environment of the process given: env.
+func (lt *loadtest) startEnv(name, bin string, args, env []string, stderr io.Writer, where placement) (*child, error) {
 	if where == elsewhere {
 		nice, err := exec.LookPath("nice")
 		if err != nil {
@@ -66,7 +71,7 @@ func (lt *loadtest) start(name, bin string, args []string, stderr io.Writer, whe
 	if stderr != nil {
 		cmd.Stderr = io.MultiWriter(logf, stderr)
 	}
-	cmd.Env = cleanEnv()
+	cmd.Env = env
 	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -219,12 +224,17 @@ func (lt *loadtest) startRatelimitd(ctx context.Context, name string, extra ...s
 
 // startRatelimitdAt is startRatelimitd, placed where says.
 func (lt *loadtest) startRatelimitdAt(ctx context.Context, where placement, name string, extra ...string) (*child, string, error) {
-	args := append([]string{
+	return lt.startServer(ctx, name, lt.cfg.Ratelimitd, lt.ratelimitdArgs(extra), where)
+}
+
+// ratelimitdArgs returns the flags every ratelimitd of the load test is
+// started with, then extra.
+func (lt *loadtest) ratelimitdArgs(extra []string) []string {
+	return append([]string{
 		"-config", lt.cfg.Config,
 		"-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
 		"-log-format", "json", "-watch-config=false", "-shutdown-timeout", "1s", "-shutdown-delay", "0s",
 	}, extra...)
-	return lt.startServer(ctx, name, lt.cfg.Ratelimitd, args, where)
 }
 
 // startFloor starts this program's floor-server on a port of 127.0.0.1 it

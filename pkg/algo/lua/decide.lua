@@ -264,6 +264,214 @@ local function apply(l, s, hits, o, x, y, z, counts)
   return next, allowed, remaining, reset, retry, wait, taken, mark, valid, false
 end
 
+-- The fixed window's common case, decided without tables: a request of
+-- flags '0' (not shadow or peek; no lease or reservation), or '4' (it
+-- counts refused hits) when it is admitted with hits, on a key that holds
+-- no state or a plain "t c" (no reservations), which no earlier batch of
+-- the call stored; and the same request kept in the reference layout
+-- (" w AT TTL"), whose key holds a plain count. It is what
+-- algorithms.fixed_window.step, load and save, and plain_load and
+-- plain_save, do for that case, step for step: TestGoAndLua* and the
+-- conformance vectors hold it to the Go twin. Anything else takes the
+-- general path, as before.
+local fw_match, fw_layout = string.match, '%d %d'
+
+-- fw_view returns what KEYS[j] holds for the fixed window l at now, when
+-- it is the common case: the window's start and end, its count, and the
+-- window the key stored; nil otherwise.
+local function fw_view(j, l)
+  if stored_states[keys[j]] ~= nil then
+    return nil
+  end
+  local v, t, c = vals[j], 0, 0
+  if v then
+    t, c = fw_match(v, '^(%-?%d+) (%-?%d+)$')
+    if t == nil then
+      return nil -- reservations, or a state of another layout
+    end
+    t, c = tonumber(t), tonumber(c)
+  end
+  local w = l.w
+  local start = now - floor_mod(now, w)
+  if t > start and t - start <= w then
+    start = t -- a clock stepped back: the stored window keeps counting
+  end
+  if t ~= start or c <= 0 then
+    c = 0
+  end
+  return start, start + w, c, t
+end
+
+-- fw_plain_view is fw_view for a key in the reference layout, whose value
+-- is the count of the window that holds now (plain_load); its last value
+-- is false when the key does not exist (its TTL is then set).
+local function fw_plain_view(j, l)
+  if stored_states[keys[j]] ~= nil then
+    return nil
+  end
+  local v, c = vals[j], 0
+  if v then
+    c = tonumber(v)
+    if c == nil then
+      return nil
+    end
+  end
+  local start = now - floor_mod(now, l.w)
+  return start, start + l.w, max(c, 0), v and true or false
+end
+
+-- fw_store stores the count c of the window starting at start in KEYS[j],
+-- whose stored window and count were t and was (fixed_window's store): a
+-- later write of the same window keeps the key's TTL.
+local function fw_store(j, start, c, stop, was, t)
+  local key = keys[j]
+  local v = string.format(fw_layout, start, c)
+  if keep_ttl and was > 0 and t == start then
+    redis.call('SET', key, v, 'KEEPTTL')
+  else
+    redis.call('SET', key, v, 'PX', fmt(max(ceil((stop - now) / 1000), min_ttl)))
+  end
+  stored_states[key] = {t = start, c = c}
+end
+
+-- fw_reply appends the reply of a fixed window's request of hits on a
+-- window [start, stop) counting used of l.n: allowed, remaining,
+-- reset_us, retry_us, wait_us, as decide_one would.
+local function fw_reply(reply, p, l, hits, start, stop, used)
+  local n = l.n
+  local remaining = n - min(used, n)
+  if hits > remaining then
+    local retry = stop - now
+    if hits > n then
+      retry = NEVER
+    end
+    reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = 0, remaining, used > 0 and stop - now or 0, retry, 0
+    return false
+  end
+  local reset = stop - now
+  if hits == 0 and used == 0 then
+    reset = 0
+  end
+  reply[p], reply[p + 1], reply[p + 2], reply[p + 3], reply[p + 4] = 1, remaining - hits, reset, 0, 0
+  return true
+end
+
+-- fw_fits tells whether a request of hits that counts refused hits takes
+-- the common case: only when its hits are admitted; a refusal counts
+-- them, and zero hits are refused past the limit (algo's stepWith).
+local function fw_fits(counts, l, hits, used)
+  return not counts or (hits > 0 and hits <= l.n - min(used, l.n))
+end
+
+-- fw_one decides a batch of one request of limit l and hits whose flags
+-- are flags, KEYS[k], appending its reply, when it is the common case; it
+-- returns false, having done nothing, otherwise.
+local function fw_one(k, l, hits, flags, reply)
+  local digit, at, ttl = flags, nil, nil
+  if #flags > 1 then
+    digit, at, ttl = fw_match(flags, '^([04]) w (%d+) (%d+)$')
+    if digit == nil then
+      return false
+    end
+  elseif flags ~= '0' and flags ~= '4' then
+    return false
+  end
+  local call_now = now
+  if at then
+    now = tonumber(at) -- decided at the instant that named the key's window
+  end
+  local start, stop, used, t
+  if at then
+    start, stop, used, t = fw_plain_view(k, l)
+  else
+    start, stop, used, t = fw_view(k, l)
+  end
+  if start == nil or not fw_fits(digit == '4', l, hits, used) then
+    now = call_now
+    return false
+  end
+  local n = #reply
+  local allowed = fw_reply(reply, n + 2, l, hits, start, stop, used)
+  reply[n + 1], reply[n + 7] = allowed and 1 or 0, 0
+  if allowed and hits > 0 then
+    if not at then
+      fw_store(k, start, used + hits, stop, used, t)
+    else
+      -- plain_save: the hits admitted, with INCRBY; a new key's TTL.
+      local key = keys[k]
+      redis.call('INCRBY', key, fmt(hits))
+      if not t then
+        redis.call('EXPIRE', key, ttl)
+      end
+      stored_states[key] = {t = start, c = used + hits}
+    end
+  end
+  now = call_now
+  return true
+end
+
+-- fw_scratch holds fw_batch's views, six values a request, from call to
+-- call: a batch of the common case allocates no table.
+local fw_scratch, fw_most = {}, 8
+
+-- fw_batch decides the batch of count requests whose first key is KEYS[k]
+-- and first argument ARGV[a] when every request is the common case (but
+-- for the reference layout), on keys of its own within the batch,
+-- appending its reply as decide_batch would; it returns false, having
+-- done nothing, otherwise.
+local function fw_batch(argv, k, count, a, reply)
+  if count > fw_most then
+    return false
+  end
+  local sc, fw, counting = fw_scratch, algorithms.fixed_window, false
+  for i = 1, count do
+    local j, ai, q = k + i - 1, a + 3 * (i - 1), 6 * (i - 1)
+    local flags = argv[ai + 2]
+    local l = (flags == '0' or flags == '4') and limit_of(argv[ai])
+    if not l or l.alg ~= fw then
+      return false
+    end
+    for m = k, j - 1 do
+      if keys[m] == keys[j] then
+        return false -- a key twice: each request sees the one before
+      end
+    end
+    local start, stop, used, t = fw_view(j, l)
+    if start == nil then
+      return false
+    end
+    counting = counting or flags == '4'
+    sc[q + 1], sc[q + 2], sc[q + 3], sc[q + 4], sc[q + 5], sc[q + 6] = l, tonumber(argv[ai + 1]), start, stop, used, t
+  end
+  for i = 1, counting and count or 0 do
+    -- A refused batch stores its counting requests: the general path's.
+    local q = 6 * (i - 1)
+    if not fw_fits(true, sc[q + 1], sc[q + 2], sc[q + 5]) then
+      return false
+    end
+  end
+  local o = #reply
+  local admitted = true
+  for i = 1, count do
+    local q = 6 * (i - 1)
+    if not fw_reply(reply, o + 2 + 5 * (i - 1), sc[q + 1], sc[q + 2], sc[q + 3], sc[q + 4], sc[q + 5]) then
+      admitted = false
+    end
+  end
+  reply[o + 1], reply[o + 2 + 5 * count] = admitted and 1 or 0, 0
+  for i = count, 1, -1 do
+    local q, p = 6 * (i - 1), o + 2 + 5 * (i - 1)
+    local l, hits, start, stop, used = sc[q + 1], sc[q + 2], sc[q + 3], sc[q + 4], sc[q + 5]
+    if not admitted then
+      -- Nothing is stored; each reports the state as it stands.
+      reply[p + 1], reply[p + 2], reply[p + 4] = l.n - min(used, l.n), used > 0 and stop - now or 0, 0
+    elseif hits > 0 then
+      fw_store(k + i - 1, start, used + hits, stop, used, sc[q + 6])
+    end
+  end
+  return true
+end
+
 -- decide_one decides a batch of one request, KEYS[k] with its arguments at
 -- ARGV[a], appending its reply to reply; it returns an error message or
 -- nil. It is decide_batch for count 1, without the tables.
@@ -273,6 +481,9 @@ local function decide_one(argv, k, a, reply)
     return err
   end
   local hits, flags = tonumber(argv[a + 1]), argv[a + 2]
+  if l.alg == algorithms.fixed_window and fw_one(k, l, hits, flags, reply) then
+    return nil
+  end
   local o, x, y, z
   if #flags > 1 then
     flags, o, x, y, z = parse_flags(flags)
@@ -323,6 +534,8 @@ end
 local function decide_batch(argv, k, count, a, reply)
   if count == 1 then
     return decide_one(argv, k, a, reply)
+  elseif fw_batch(argv, k, count, a, reply) then
+    return nil
   end
   -- reqs[i]: {l, whether it stores, the key's state at the batch's start,
   -- the next state when allowed, reset, taken, mark, valid}; start and

@@ -367,7 +367,11 @@ func TestTLS(t *testing.T) {
 	if !strings.HasPrefix(srv.URL, "rediss://") {
 		t.Fatalf("TLS server URL %q", srv.URL)
 	}
-	b := dial(t, Config{URL: srv.URL, TLSCAFile: srv.CAFile}, Options{Prefix: uniquePrefix(t)})
+	// Timeouts a loaded machine's TLS handshake meets: with the defaults
+	// (250 ms to dial, handshake included) this failed with "context
+	// deadline exceeded" while go test ./... kept both cores busy.
+	slow := Config{URL: srv.URL, TLSCAFile: srv.CAFile, DialTimeout: 3 * time.Second, ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second}
+	b := dial(t, slow, Options{Prefix: uniquePrefix(t)})
 	l := algo.Limit{Algorithm: algo.TokenBucket, Requests: 2, Window: time.Hour}
 	out := make([]algo.Decision, 1)
 	if err := b.Decide(context.Background(), []algo.Request{{Key: []byte("k"), Limit: l, Hits: 1}}, out); err != nil || !out[0].Allowed || out[0].Remaining != 1 {
