@@ -150,11 +150,20 @@ func (c *cluster) cut(t *testing.T, region string, down bool) {
 // (per region, split between its replicas) of (key, value) in domain
 // global until stop, and counts what each region admits; admittedIn
 // counts it by window too, as the region's clock names it.
+//
+// A call that failed is counted apart, by region (errored): it may have
+// been counted by its region all the same. The servers run in failure
+// mode error with -redis-clock local, whose decision calls carry no
+// not-after instant (docs/failure-modes.md#the-margin): a decision Redis
+// ran whose answer came after the backend's 2 s, or the caller's 5 s, is
+// counted though its caller saw an error. So a region's count is at least
+// what the load saw it admit and at most that plus its failed calls.
 type regionLoad struct {
 	stop     chan struct{}
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	admitted map[string]int
+	errored  map[string]int
 	byWindow map[int64]int // window end (ms, the region's clock) → admitted in all regions
 	offered  atomic.Int64
 	errs     atomic.Int64
@@ -162,7 +171,7 @@ type regionLoad struct {
 
 func (c *cluster) load(t *testing.T, key, value string, rate map[string]float64, window time.Duration) *regionLoad {
 	t.Helper()
-	l := &regionLoad{stop: make(chan struct{}), admitted: map[string]int{}, byWindow: map[int64]int{}}
+	l := &regionLoad{stop: make(chan struct{}), admitted: map[string]int{}, errored: map[string]int{}, byWindow: map[int64]int{}}
 	req := &rlsv3.RateLimitRequest{Domain: "global", Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}}
 	for i, rc := range regionClocks {
 		for _, cl := range c.clients[rc.name] {
@@ -187,6 +196,9 @@ func (c *cluster) load(t *testing.T, key, value string, rate map[string]float64,
 						l.offered.Add(1)
 						if err != nil {
 							l.errs.Add(1)
+							l.mu.Lock()
+							l.errored[rc.name]++
+							l.mu.Unlock()
 							continue
 						}
 						if resp.OverallCode != rlsv3.RateLimitResponse_OK {
@@ -215,6 +227,13 @@ func (l *regionLoad) end() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return maps(l.admitted)
+}
+
+// failed returns how many calls of each region failed, once the load ended.
+func (l *regionLoad) failed() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps(l.errored)
 }
 
 func maps(m map[string]int) map[string]int {
@@ -261,18 +280,20 @@ func (c *cluster) views(t *testing.T, key, value string) map[string]map[string]u
 	return out
 }
 
-// converged waits until every replica knows admitted as the count of
-// every region, and returns how long that took; it fails the test after
-// limit.
-func (c *cluster) converged(t *testing.T, key, value string, admitted map[string]int, limit time.Duration) time.Duration {
+// converged waits until every replica knows the same count of every
+// region, at least what the region admitted and at most that plus its
+// calls that failed (failed, nil for none: regionLoad), and returns how
+// long that took; it fails the test after limit.
+func (c *cluster) converged(t *testing.T, key, value string, admitted, failed map[string]int, limit time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for {
 		views := c.views(t, key, value)
 		ok := true
-		for _, v := range views {
-			for _, r := range c.regions {
-				if v[r] != uint64(admitted[r]) {
+		for _, r := range c.regions {
+			first := views[c.regions[0]+"/0"][r]
+			for _, v := range views {
+				if n := v[r]; n != first || n < uint64(admitted[r]) || n > uint64(admitted[r]+failed[r]) {
 					ok = false
 				}
 			}
@@ -281,7 +302,8 @@ func (c *cluster) converged(t *testing.T, key, value string, admitted map[string
 			return time.Since(start)
 		}
 		if time.Since(start) > limit {
-			t.Fatalf("%s=%s: %v after %v, the replicas know %v; want every one to know %v", key, value, limit, time.Since(start), views, admitted)
+			t.Fatalf("%s=%s: %v after %v, the replicas know %v; want every one to know, of each region, the same count, at least what it admitted %v and at most that plus its failed calls %v",
+				key, value, limit, time.Since(start), views, admitted, failed)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -355,7 +377,7 @@ func TestRegions(t *testing.T) {
 		if n := total(admitted); n > bound || n < 600 {
 			t.Fatalf("admitted %d across the regions: want the limit 600, at most %d", n, bound)
 		}
-		took := c.converged(t, "phase", "overshoot", admitted, 2*syncDelay)
+		took := c.converged(t, "phase", "overshoot", admitted, l.failed(), 2*syncDelay)
 		t.Logf("every replica knew every count %v after the load", took)
 	})
 
@@ -398,7 +420,7 @@ func TestRegions(t *testing.T) {
 		if rest < 2000 || rest > restBound {
 			t.Errorf("cut off from ap, eu and us admitted %d; want the rest, 2000, and at most %d (80/s × %v)", rest, restBound, syncDelay)
 		}
-		took := c.converged(t, "split", "p", admitted, 2*regionsSync+time.Second)
+		took := c.converged(t, "split", "p", admitted, l.failed(), 2*regionsSync+time.Second)
 		t.Logf("cut for %v; every replica knew every count %v after the heal (%v after the load ended)", healed.Sub(cutAt).Round(time.Millisecond), time.Since(healed).Round(time.Millisecond), took)
 		if d := time.Since(healed); d > 2*regionsSync+500*time.Millisecond {
 			t.Errorf("the counts converged %v after the heal, want within 2 sync intervals (%v) and the test's reads", d, 2*regionsSync)
@@ -420,7 +442,7 @@ func TestRegions(t *testing.T) {
 				t.Fatalf("eu, call %d of 100: %v, %v", i+1, resp, err)
 			}
 		}
-		c.converged(t, "local", "x", map[string]int{"eu": 100}, 2*syncDelay)
+		c.converged(t, "local", "x", map[string]int{"eu": 100}, nil, 2*syncDelay)
 		c.cut(t, "ap", true)
 		for _, s := range c.replicas["ap"] {
 			for _, peer := range []string{"eu", "us"} {
@@ -463,11 +485,16 @@ func TestRegions(t *testing.T) {
 				}
 			}
 		}
-		admitted := l.end()
-		t.Logf("%d faults on the links under load; admitted %v = %d of 600", faults, admitted, total(admitted))
+		admitted, failed := l.end(), l.failed()
+		t.Logf("%d faults on the links under load; admitted %v = %d of 600; %d calls failed %v", faults, admitted, total(admitted), total(failed), failed)
 		// Lost and repeated pushes change nothing: every count arrives
-		// whole, and no region counts another's twice.
-		took := c.converged(t, "phase", "faults", admitted, 10*regionsSync)
+		// whole, and no region counts another's twice. Nor does a region
+		// count one of its decisions twice: on a loaded machine, a
+		// decision Redis answered after the client's read timeout was
+		// sent again by go-redis, and without a not-after instant decided
+		// twice; ap counted 203 of 201 admitted, no call failed (issue 32,
+		// TestStalledCallIsDecidedOnce).
+		took := c.converged(t, "phase", "faults", admitted, failed, 10*regionsSync)
 		t.Logf("every replica knew every count %v after the faults ended", took)
 	})
 

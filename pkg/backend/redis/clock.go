@@ -207,6 +207,26 @@ func (b *Backend) giveUp(ctx context.Context, now time.Time) time.Time {
 	return deadline
 }
 
+// endAtGiveUp returns ctx ended at giveUp, for a call that carries no
+// not-after instant (-redis-clock local, or before the offset's first
+// measure): go-redis sends a call again when its read times out
+// (maxRetries), and a stalled Redis, once resumed, still runs the first
+// from the abandoned connection's socket, so that without an instant the
+// repeat would decide the same hits a second time (TestStalledCallIsDecidedOnce).
+// Once ctx has ended, go-redis sends nothing more: the call gives up at
+// giveUp, and is decided at most once. A call that carries an instant
+// keeps its ctx: its repeat decides nothing after the instant. The
+// returned cancel must be called.
+func endAtGiveUp(ctx context.Context, bound lateBound, giveUp time.Time) (context.Context, context.CancelFunc) {
+	if !bound.notAfter.IsZero() || giveUp.IsZero() {
+		return ctx, func() {}
+	}
+	if d, ok := ctx.Deadline(); ok && !giveUp.Before(d) {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, giveUp)
+}
+
 // checkLate forgets the clocks' offset when err says a call of bound was
 // refused as late sooner than the offset allows: the offset was wrong.
 func (b *Backend) checkLate(bound lateBound, err error) {

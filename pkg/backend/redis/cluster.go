@@ -197,9 +197,16 @@ func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.
 	groups := groupBySlot(groupBuf[:0], keys, reqs)
 	start := time.Now()
 	giveUp := b.giveUp(ctx, start)
+	unbound := false // a group carries no not-after instant
 	for _, g := range groups {
 		g.bound = b.primaryBound(ctx, g.keys[0], start, giveUp)
 		g.args = algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(g.reqs)), now, b.minTTL, g.bound.notAfter, g.reqs)
+		unbound = unbound || g.bound.notAfter.IsZero()
+	}
+	if unbound {
+		var cancel context.CancelFunc
+		ctx, cancel = endAtGiveUp(ctx, lateBound{}, giveUp)
+		defer cancel()
 	}
 	nodes, err := b.admitPrimaries(ctx, gate, groups)
 	if err != nil {

@@ -222,6 +222,14 @@ func (c *coalescer) run(group []*job) {
 		keys = append(keys, j.keys...)
 		args = append(args, j.args...)
 	}
+	for _, bound := range bounds {
+		if bound.notAfter.IsZero() { // the offset unknown, or forgotten meanwhile
+			var cancelRepeat context.CancelFunc
+			ctx, cancelRepeat = endAtGiveUp(ctx, bound, giveUp)
+			defer cancelRepeat()
+			break
+		}
+	}
 	reply, err := c.b.run(ctx, c.b.client, keys, args)
 	late := make([]bool, len(live))
 	if err == nil {

@@ -195,8 +195,11 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 
 	keys, reqs := b.prepare(reqs, false)
 	start := time.Now()
-	bound := b.lateBound(start, b.giveUp(ctx, start))
+	giveUp := b.giveUp(ctx, start)
+	bound := b.lateBound(start, giveUp)
 	args := algo.AppendScriptArgs(make([]any, 0, 2+algo.ScriptArgsPerRequest*len(reqs)), now, b.minTTL, bound.notAfter, reqs)
+	ctx, cancel := endAtGiveUp(ctx, bound, giveUp)
+	defer cancel()
 	reply, err := b.run(ctx, b.client, keys, args)
 	if err != nil {
 		b.checkLate(bound, err)
