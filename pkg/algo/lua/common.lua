@@ -221,14 +221,16 @@ local function lease_hits(h)
   return n
 end
 
--- live_leases returns the leases of h that end after now.
-local function live_leases(h, now)
+-- live_entries returns the entries of h, each of stride values and the
+-- first its end, that end after now: a new list, or h itself when every
+-- entry does. Leases are entries of 2 (end, hits), reservations of 5.
+local function live_entries(h, now, stride)
   if h == nil then
     return nil
   end
   local i = 1
-  while i <= #h and h[i] <= now do
-    i = i + 2
+  while i + stride - 1 <= #h and h[i] <= now do
+    i = i + stride
   end
   if i == 1 then
     return h
@@ -238,6 +240,11 @@ local function live_leases(h, now)
     out[#out + 1] = h[j]
   end
   return out
+end
+
+-- live_leases returns the leases of h that end after now.
+local function live_leases(h, now)
+  return live_entries(h, now, 2)
 end
 
 -- lease_with returns h with n more hits in the lease ending at e.

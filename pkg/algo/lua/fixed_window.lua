@@ -56,21 +56,7 @@ do
 
   -- rsv_live returns the reservations of h that end after now.
   local function rsv_live(h, now)
-    if h == nil then
-      return nil
-    end
-    local i = 1
-    while i + 4 <= #h and h[i] <= now do
-      i = i + 5
-    end
-    if i == 1 then
-      return h
-    end
-    local out = {}
-    for j = i, #h do
-      out[#out + 1] = h[j]
-    end
-    return out
+    return live_entries(h, now, 5)
   end
 
   -- rsv_held_in returns the hits of the reservations of h made in window.
