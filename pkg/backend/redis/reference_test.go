@@ -327,3 +327,45 @@ func TestReferenceLayoutReset(t *testing.T) {
 		t.Fatalf("after the reset: %+v, %v; want 10 remaining", out[0], err)
 	}
 }
+
+// TestReferenceLayoutDecidesAtItsInstant: a request kept in the reference
+// layout is decided at the instant that named its key (algo.Plain.At, the
+// replica's clock), not at the script's clock, so that the two cannot
+// disagree about the window. The replica's clock is 30 s into a minute;
+// the script runs 75 s later, 45 s into the next minute, as when Redis's
+// clock (TIME) is ahead of the replica's or the call waited: the answer
+// must still be the named window's, resetting in 30 s, and count in its
+// key. A script that decided at its own clock (the `now = at` lines of
+// decide.lua removed, on the plain path or the general one) answers the
+// next window's reset, 15 s, and fails this (shown for each path); no
+// other test has the two clocks differ.
+func TestReferenceLayoutDecidesAtItsInstant(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	at := time.Unix(1_700_000_000/60*60+30, 0)
+	script := at.Add(75 * time.Second)
+	b := New(c, Options{Prefix: fmt.Sprintf("refat:%d:", time.Now().UnixNano()), Now: func() time.Time { return at }})
+	stem := refKey("rl", "user", "dave")
+	full := b.opts.Prefix + string(stem) + strconv.FormatInt(at.Unix()/60*60, 10)
+	perMinute := algo.Limit{Algorithm: algo.FixedWindow, Requests: 10, Window: time.Minute}
+	for _, tc := range []struct {
+		name string
+		reqs []algo.Request
+	}{
+		// One request takes the plain fixed-window path, a counting one
+		// refused the general path.
+		{"plain path", []algo.Request{{Key: []byte("native"), RefKey: stem, Limit: perMinute, Hits: 3}}},
+		{"general path", []algo.Request{{Key: []byte("native"), RefKey: stem, Limit: perMinute, Hits: 20, Count: true}}},
+	} {
+		out := make([]algo.Decision, len(tc.reqs))
+		if err := b.decide(ctx, script, tc.reqs, out); err != nil {
+			t.Fatal(err)
+		}
+		if out[0].ResetAfter != 30*time.Second {
+			t.Errorf("%s: %s; want the window named at %v, resetting in 30s, not the script clock's next window", tc.name, algotest.Format(out[0]), at.Format(time.TimeOnly))
+		}
+	}
+	if v, err := c.Get(ctx, full).Int64(); err != nil || v != 23 {
+		t.Fatalf("GET %s = %d, %v; want 23: 3 admitted, then 20 refused and counted", full, v, err)
+	}
+}
