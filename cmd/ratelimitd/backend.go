@@ -164,6 +164,7 @@ func (b *backendStore) buildRedis(ctx context.Context, s *server) (hooks, error)
 	if err != nil {
 		return hooks{}, err
 	}
+	b.warnReadTimeout(s.log)
 	fallback := memory.New(memory.Options{MaxKeys: b.memoryMaxKeys, Now: s.now})
 	var store algo.Backend = rb
 	if b.redis.config.Mode == redis.Cluster {
@@ -290,4 +291,19 @@ type clusterNodes struct{ *redis.Backend }
 // DecideVia implements breaker.Nodes.
 func (c clusterNodes) DecideVia(ctx context.Context, gate breaker.Gate, reqs []algo.Request, out []algo.Decision) error {
 	return c.Backend.DecideVia(ctx, gate, reqs, out)
+}
+
+// warnReadTimeout warns when -backend-timeout is longer than
+// -redis-read-timeout: a Redis call then gives up at the read timeout, and
+// the backend's deadline never comes into play (docs/failure-modes.md,
+// "The margin").
+func (b *backendStore) warnReadTimeout(log *slog.Logger) {
+	read := b.redis.config.ReadTimeout
+	if read <= 0 {
+		read = redis.DefaultReadTimeout
+	}
+	if b.breaker.Timeout > read {
+		log.Warn("Redis calls give up at -redis-read-timeout, before -backend-timeout: raise the read timeout to at least the backend timeout, or lower the backend timeout",
+			"backend_timeout", b.breaker.Timeout, "redis_read_timeout", read)
+	}
 }

@@ -14,6 +14,7 @@ import (
 type inProcess struct {
 	grpcAddr, httpAddr string
 	addrs              map[string]string // every "serving …" message logged so far, and its address
+	warnings           []string          // every warning's message read so far
 	exit               chan int
 	cancel             context.CancelFunc
 	logs               lineWriter
@@ -88,9 +89,12 @@ func (p *inProcess) read(t *testing.T, deadline <-chan time.Time) bool {
 	t.Helper()
 	select {
 	case line := <-p.logs.lines:
-		var rec struct{ Msg, Addr string }
+		var rec struct{ Level, Msg, Addr string }
 		if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "serving ") {
 			p.addrs[rec.Msg] = rec.Addr
+		}
+		if rec.Level == "WARN" {
+			p.warnings = append(p.warnings, line)
 		}
 		return true
 	case code := <-p.exit:
