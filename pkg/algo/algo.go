@@ -170,14 +170,14 @@ const (
 	// time until then. Of another algorithm it decides as OpDecide.
 	OpReserve
 	// OpSettle charges Hits, a cost already spent, and releases the
-	// oldest reservation outstanding on its [FixedWindow] key: the hits
-	// count in the window that reservation was made in while it is
-	// current, and nowhere once it has ended; without a reservation, in
-	// the current window. It is always allowed, and counts even in a
-	// refused batch ([Request.Counting]). Taken, Mark and Valid describe
-	// the reservation released: its hits, its end and how long it was held
-	// (from the first reservation of its slot); zero when none was
-	// outstanding. Of another algorithm it decides
+	// oldest reservation outstanding on its [FixedWindow] key (the one
+	// made first): the hits count in the window that reservation was made
+	// in while it is current, and nowhere once it has ended; without a
+	// reservation, in the current window. It is always allowed, and counts
+	// even in a refused batch ([Request.Counting]). Taken, Mark and Valid
+	// describe the reservation released: its hits, its end and how long it
+	// was held (from when the reservations of its slot were made, on
+	// average); zero when none was outstanding. Of another algorithm it decides
 	// as OpDecide with [Request.Count].
 	OpSettle
 )

@@ -32,9 +32,19 @@ import (
 // sixteenth of the reservation's TTL (at least 1 ms), so that the
 // reservations of one window made within a slot share an entry and a key
 // keeps about seventeen per window they span; never more than
-// maxReservationSlots. A settle reports how long the reservation it
-// released was held, from made: what a caller learns how long
+// maxReservationSlots. An entry's made is when its reservations were made
+// on average, so that a settle reports how long the reservation it
+// released was held without a slot's bias: what a caller learns how long
 // reservations should last from, whatever TTL each replica gave them.
+//
+// A settle releases the reservation made first, not the one that ends
+// first: reservations made with different TTLs (a lifetime learnt anew,
+// replicas that learnt different ones) end out of the order they were
+// made in. Released by end, a reservation made with a long TTL would
+// outlast every later one: a stream that never settles leaves one
+// reservation too many outstanding, and that one would be the long one,
+// holding the window's budget until it ends instead of for the TTL now
+// learnt.
 
 // maxReservationSlots bounds the entries of a key's reservations: past
 // it, a reservation joins the latest entry of its window, which ends no
@@ -47,9 +57,9 @@ const rsvStride = 5
 
 // reservations are the reservations outstanding on a FixedWindow key
 // ([State.Log]): entries (end, count, hits, window, made) of count
-// reservations of hits in all, made in the window starting at window, the
-// first of them at made, that end at end unless settled first; ordered by
-// end, then window. The methods never write into the receiver's backing
+// reservations of hits in all, made in the window starting at window, on
+// average at made, that end at end unless settled first; ordered by end,
+// then window. The methods never write into the receiver's backing
 // array: states may share it.
 type reservations []int64
 
@@ -94,7 +104,7 @@ func (rs reservations) with(end, window, hits, made int64) reservations {
 			out := append(reservations(nil), rs...)
 			out[i+1]++
 			out[i+2] += hits
-			out[i+4] = min(out[i+4], made)
+			out[i+4] = meanMade(rs[i+4], made, out[i+1])
 			return out
 		}
 	}
@@ -104,7 +114,7 @@ func (rs reservations) with(end, window, hits, made int64) reservations {
 		// later of the two ends.
 		for i := len(rs) - rsvStride; i >= 0; i -= rsvStride {
 			if rs[i+3] == window {
-				end, count, hits, made = max(end, rs[i]), rs[i+1]+1, rs[i+2]+hits, min(made, rs[i+4])
+				end, count, hits, made = max(end, rs[i]), rs[i+1]+1, rs[i+2]+hits, meanMade(rs[i+4], made, rs[i+1]+1)
 				rs = append(append(reservations(nil), rs[:i]...), rs[i+rsvStride:]...)
 				break
 			}
@@ -125,23 +135,46 @@ type released struct {
 	hits, end, window, made int64
 }
 
-// release returns rs without its oldest reservation (the first entry's
-// share: its hits over its count, the rest going with its last), as a new
+// meanMade returns when an entry's count reservations were made on
+// average, the entry's count-1 first ones made on average at was and one
+// more at made: was moved by a count-th of the difference, rounded down
+// (Lua's rsv_mean_made computes the same).
+func meanMade(was, made, count int64) int64 {
+	d := made - was
+	q := d / count
+	if d%count != 0 && d < 0 {
+		q--
+	}
+	return was + q
+}
+
+// release returns rs without its oldest reservation, the one made first
+// (of the entry made earliest, the first in order of those made as
+// early: its hits over its count, the rest going with its last), as a new
 // slice, and that reservation; a zero one and rs itself when none is
 // outstanding.
 func (rs reservations) release() (reservations, released) {
 	if len(rs) < rsvStride {
 		return rs, released{}
 	}
-	r := released{end: rs[0], window: rs[3], made: rs[4]}
-	count, held := rs[1], rs[2]
+	o := 0
+	for i := rsvStride; i+rsvStride <= len(rs); i += rsvStride {
+		if rs[i+4] < rs[o+4] {
+			o = i
+		}
+	}
+	r := released{end: rs[o], window: rs[o+3], made: rs[o+4]}
+	count, held := rs[o+1], rs[o+2]
 	if count <= 1 {
 		r.hits = held
-		return rs[rsvStride:], r
+		if o == 0 {
+			return rs[rsvStride:], r
+		}
+		return append(append(reservations(nil), rs[:o]...), rs[o+rsvStride:]...), r
 	}
 	r.hits = held / count
 	out := append(reservations(nil), rs...)
-	out[1], out[2] = count-1, held-r.hits
+	out[o+1], out[o+2] = count-1, held-r.hits
 	return out, r
 }
 
@@ -169,12 +202,13 @@ func reserve(s *State, now int64, l Limit, hits uint64, ttl int64) Decision {
 }
 
 // settle is [Apply] for an OpSettle of a FixedWindow: hits charged to the
-// window of the oldest reservation outstanding, which it releases (the
+// window of the oldest reservation outstanding (the one made first),
+// which it releases (the
 // current window's count, or none when that window has ended), or to the
 // current window when none is outstanding. It is always allowed: the hits
 // were spent. Taken, Mark and Valid describe the reservation released:
-// its hits, its end and how long it was held (since the first
-// reservation of its slot was made, at most a slot longer than it).
+// its hits, its end and how long it was held (since the reservations of
+// its slot were made, on average: within a slot of how long it was).
 func settle(s *State, now int64, l Limit, hits uint64) Decision {
 	v := viewWindow(s, now, l)
 	live, r := v.live.release()

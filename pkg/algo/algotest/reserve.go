@@ -20,9 +20,10 @@ func settleStep(at time.Duration, hits uint64, want algo.Decision) LeaseStep {
 // ReserveCases returns the vectors of reservations (algo.OpReserve,
 // algo.OpSettle), hand-computed: what they hold, what a settle charges and
 // releases and where, the reservations that end on their own, and the
-// slots they share. A TTL of 800 ms rounds ends up to 50 ms. A settle's
-// Valid is how long the reservation it released was held: since the
-// first reservation of its slot.
+// slots they share. A TTL of 800 ms rounds ends up to 50 ms. A settle
+// releases the reservation made first; its Valid is how long that
+// reservation was held: since its slot's reservations were made, on
+// average.
 func ReserveCases() []LeaseCase {
 	ttl := 800 * ms
 	fw := limit(algo.FixedWindow, 10, sec)
@@ -71,9 +72,19 @@ func ReserveCases() []LeaseCase {
 			reserveStep(10*ms, 10, ttl, took(90, 9990*ms, 10, mark(850*ms), 840*ms)),
 			reserveStep(20*ms, 21, ttl, took(69, 9980*ms, 21, mark(850*ms), 830*ms)),
 			// Two reservations of 31 in all: one releases 15, the last 16,
-			// each held since the slot's first, at 10 ms.
-			settleStep(30*ms, 5, took(79, 9970*ms, 15, mark(850*ms), 20*ms)),
-			settleStep(40*ms, 5, took(90, 9960*ms, 16, mark(850*ms), 30*ms)),
+			// each held since the slot's reservations were made, on
+			// average: at 15 ms.
+			settleStep(30*ms, 5, took(79, 9970*ms, 15, mark(850*ms), 15*ms)),
+			settleStep(40*ms, 5, took(90, 9960*ms, 16, mark(850*ms), 25*ms)),
+		}},
+		{"the reservation made first is released first, though a later one ends sooner", big, []LeaseStep{
+			// A TTL of 4 s rounds ends up to 250 ms: 4.1 s to 4.25 s.
+			reserveStep(100*ms, 10, 4*sec, took(90, 9900*ms, 10, mark(4250*ms), 4150*ms)),
+			reserveStep(200*ms, 20, ttl, took(70, 9800*ms, 20, mark(sec), 800*ms)),
+			// The first made is released, though it ends last.
+			settleStep(300*ms, 5, took(75, 9700*ms, 10, mark(4250*ms), 200*ms)),
+			// The second ended at 1 s on its own: nothing is held.
+			decide(1100*ms, 0, ok(95, 8900*ms)),
 		}},
 	}
 }

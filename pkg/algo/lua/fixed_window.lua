@@ -80,6 +80,13 @@ do
     return h[#h - 4]
   end
 
+  -- rsv_mean_made returns when an entry's count reservations were made on
+  -- average, its count-1 first made on average at was and one more at made
+  -- (algo's meanMade).
+  local function rsv_mean_made(was, made, count)
+    return was + floor((made - was) / count)
+  end
+
   -- rsv_with returns h with one more reservation of hits, made at made in
   -- window and ending at e.
   local function rsv_with(h, e, window, hits, made)
@@ -90,7 +97,7 @@ do
         for j = 1, #h do
           out[j] = h[j]
         end
-        out[i + 1], out[i + 2], out[i + 4] = h[i + 1] + 1, h[i + 2] + hits, min(h[i + 4], made)
+        out[i + 1], out[i + 2], out[i + 4] = h[i + 1] + 1, h[i + 2] + hits, rsv_mean_made(h[i + 4], made, h[i + 1] + 1)
         return out
       end
     end
@@ -100,7 +107,7 @@ do
       -- of the two ends.
       for i = #h - 4, 1, -5 do
         if h[i + 3] == window then
-          e, count, hits, made = max(e, h[i]), h[i + 1] + 1, h[i + 2] + hits, min(made, h[i + 4])
+          e, count, hits, made = max(e, h[i]), h[i + 1] + 1, h[i + 2] + hits, rsv_mean_made(h[i + 4], made, h[i + 1] + 1)
           local rest = {}
           for j = 1, #h do
             if j < i or j > i + 4 then
@@ -126,26 +133,34 @@ do
     return out
   end
 
-  -- rsv_release returns h without its oldest reservation, and that
-  -- reservation's hits, end, window and made; h and zeros when none.
+  -- rsv_release returns h without its oldest reservation, the one made
+  -- first (algo's reservations.release), and that reservation's hits, end,
+  -- window and made; h and zeros when none.
   local function rsv_release(h)
     if h == nil or #h < 5 then
       return h, 0, 0, 0, 0
     end
-    local e, count, held, window, made = h[1], h[2], h[3], h[4], h[5]
+    local o = 1
+    for i = 6, #h - 4, 5 do
+      if h[i + 4] < h[o + 4] then
+        o = i
+      end
+    end
+    local e, count, held, window, made = h[o], h[o + 1], h[o + 2], h[o + 3], h[o + 4]
+    local out = {}
     if count <= 1 then
-      local out = {}
-      for j = 6, #h do
-        out[#out + 1] = h[j]
+      for j = 1, #h do
+        if j < o or j > o + 4 then
+          out[#out + 1] = h[j]
+        end
       end
       return out, held, e, window, made
     end
     local hits = floor(held / count)
-    local out = {}
     for j = 1, #h do
       out[j] = h[j]
     end
-    out[2], out[3] = count - 1, held - hits
+    out[o + 1], out[o + 2] = count - 1, held - hits
     return out, hits, e, window, made
   end
 
