@@ -215,7 +215,7 @@ func reserveDesc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 var (
-	reserveHitsDesc    = reserveDesc("hits", "What a request-time call of the limit holds until its cost is settled: the learnt reservation (the 95th percentile of the last costs settled) with reserve: auto, else the fixed one.")
+	reserveHitsDesc    = reserveDesc("hits", "What a request-time call of the limit holds until its cost is settled: the learnt reservation (the 97th percentile of the last costs settled) with reserve: auto, else the fixed one.")
 	reserveTTLDesc     = reserveDesc("ttl_seconds", "How long a reservation of the limit lasts when no settle releases it: six times the median of the last check-to-settle times (longer while settles find their reservation ended), 1 s to 15 min, 30 s until learnt.")
 	reserveSettlesDesc = reserveDesc("settles_total", "Stream-done calls (a descriptor with its own hits_addend) of the limit this replica decided, by whether they released a reservation (released=false: it had ended, or none was made).", "released")
 )
