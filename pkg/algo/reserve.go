@@ -203,9 +203,8 @@ func reserve(s *State, now int64, l Limit, hits uint64, ttl int64) Decision {
 
 // settle is [Apply] for an OpSettle of a FixedWindow: hits charged to the
 // window of the oldest reservation outstanding (the one made first),
-// which it releases (the
-// current window's count, or none when that window has ended), or to the
-// current window when none is outstanding. It is always allowed: the hits
+// which it releases (the current window's count, or none when that window
+// has ended), or to the current window when none is outstanding. It is always allowed: the hits
 // were spent. Taken, Mark and Valid describe the reservation released:
 // its hits, its end and how long it was held (since the reservations of
 // its slot were made, on average: within a slot of how long it was).
