@@ -415,10 +415,12 @@ func (lt *loadtest) run(ctx context.Context) ([]scenario, error) {
 
 // ceiling measures Redis running the decision code alone, called as the
 // script and, where Redis has them, as a function, without and with a
-// pipeline: how far ratelimitd on Redis could go.
+// pipeline: how far ratelimitd on Redis could go; then, as a function,
+// the floor of such a call, which reads and writes the same keys and
+// decides nothing (bareLibrary).
 func (lt *loadtest) ceiling(ctx context.Context, rdb *goredis.Client, redisAddr string, redisPID int) ([]scenario, error) {
 	var rows []scenario
-	for _, via := range []string{viaScript, viaFunction} {
+	for _, via := range []string{viaScript, viaFunction, viaBare} {
 		for _, pipeline := range []int{1, 16} {
 			if err := rdb.FlushAll(ctx).Err(); err != nil {
 				return nil, err

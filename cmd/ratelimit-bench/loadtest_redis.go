@@ -56,11 +56,36 @@ func (lt *loadtest) scriptCall() (keys, argv []string, err error) {
 }
 
 // How redis-benchmark calls the decision code: the script by EVALSHA
-// (Script), or the function library by FCALL (Library, Redis 7).
+// (Script), or the function library by FCALL (Library, Redis 7); or, with
+// viaBare, a function that decides nothing (bareLibrary), called with the
+// same keys and arguments: the floor of the decision function's call.
 const (
 	viaScript   = "EVALSHA"
 	viaFunction = "FCALL"
+	viaBare     = "bare FCALL"
 )
+
+// bareLibrary is a function library whose function does what a decision
+// of a fixed window cannot do without, and nothing else: read the Redis
+// clock (TIME), read every key in one MGET, write each key (SET …
+// KEEPTTL), and reply as the decision function does (admitted, five
+// integers a key, no takes). Called with the decision's keys and
+// arguments, it is the floor a decision's call costs Redis before
+// deciding anything: the Redis path's ratio to it is what the decision
+// itself costs (docs/performance.md).
+const bareLibrary = `#!lua name=ratelimit_bench_bare
+redis.register_function('ratelimit_bench_bare_rw', function(keys, args)
+  redis.call('TIME')
+  redis.call('MGET', unpack(keys))
+  local r = {1}
+  for i = 1, #keys do
+    redis.call('SET', keys[i], '1763781234567890 12', 'KEEPTTL')
+    local o = #r
+    r[o + 1], r[o + 2], r[o + 3], r[o + 4], r[o + 5] = 1, 999, 12345, 0, 0
+  end
+  r[#r + 1] = 0
+  return r
+end)`
 
 // errNoFunctions reports a Redis without FUNCTION and FCALL (before 7).
 var errNoFunctions = errors.New("this Redis has no functions (FUNCTION LOAD, FCALL: Redis 7)")
@@ -88,6 +113,14 @@ func (lt *loadtest) prepareCall(ctx context.Context, rdb *goredis.Client, via st
 			return nil, nil, nil, fmt.Errorf("FUNCTION LOAD: %w", err)
 		}
 		cmd = []string{"fcall", name + "_decide"}
+	case viaBare:
+		if _, err := rdb.FunctionLoadReplace(ctx, bareLibrary).Result(); err != nil {
+			if strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+				return nil, nil, nil, errNoFunctions
+			}
+			return nil, nil, nil, fmt.Errorf("FUNCTION LOAD: %w", err)
+		}
+		cmd = []string{"fcall", "ratelimit_bench_bare_rw"}
 	default:
 		return nil, nil, nil, fmt.Errorf("unknown way to call the decision code: %s", via)
 	}
@@ -127,10 +160,16 @@ func (lt *loadtest) prepareCall(ctx context.Context, rdb *goredis.Client, via st
 func (lt *loadtest) redisBenchmark(ctx context.Context, rdb *goredis.Client, addr string, redisPID int, via string, pipeline int) (scenario, error) {
 	c := lt.cfg
 	what := "decision script"
-	if via == viaFunction {
+	switch via {
+	case viaFunction:
 		what = "decision function"
+	case viaBare:
+		what = "bare read-and-write function"
 	}
 	name := fmt.Sprintf("redis-benchmark: %s of the %s, %d clients", via, what, c.Workers)
+	if via == viaBare {
+		name = fmt.Sprintf("floor: redis-benchmark: FCALL of a %s (TIME, MGET, SET, reply), %d clients", what, c.Workers)
+	}
 	if pipeline > 1 {
 		name += fmt.Sprintf(", %d-deep pipeline", pipeline)
 	}
@@ -149,6 +188,10 @@ func (lt *loadtest) redisBenchmark(ctx context.Context, rdb *goredis.Client, add
 	})
 	if err != nil {
 		return scenario{}, err
+	}
+	if via == viaBare {
+		row.Notes = append(row.Notes, fmt.Sprintf("each call reads and writes the %d key(s) of a decision of (%s, …) in domain %s, called with its arguments, and decides nothing; redis-benchmark reports no p99.9", len(keys), c.Key, c.Domain))
+		return row, nil
 	}
 	row.Notes = append(row.Notes, fmt.Sprintf("each call decides the %d limit(s) of (%s, …) in domain %s; redis-benchmark reports no p99.9", len(keys), c.Key, c.Domain))
 	return row, nil
