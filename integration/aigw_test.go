@@ -174,11 +174,12 @@ func learntTimeline(servers []*server, stop <-chan struct{}) string {
 		case now := <-tick.C:
 			var cols []string
 			for _, srv := range servers {
-				hits, ttl := "-", "-"
+				hits, ttl := "?", "?" // unread: the machine too busy to answer in time
 				resp, err := http.Get("http://" + srv.httpAddr + "/metrics")
 				if err == nil {
 					body, _ := io.ReadAll(resp.Body)
 					resp.Body.Close()
+					hits = "-"
 					for _, l := range strings.Split(string(body), "\n") {
 						f := strings.Fields(l)
 						switch {
@@ -191,7 +192,7 @@ func learntTimeline(servers []*server, stop <-chan struct{}) string {
 					}
 				}
 				if hits == "-" {
-					return ""
+					return "" // a server that learns nothing
 				}
 				cols = append(cols, fmt.Sprintf("%s / %ss", hits, ttl))
 			}
