@@ -106,19 +106,13 @@ func (lt *loadtest) prepareCall(ctx context.Context, rdb *goredis.Client, via st
 	case viaFunction:
 		// A library of its own, apart from the one ratelimitd loads.
 		name := "ratelimit_bench"
-		if _, err := rdb.FunctionLoadReplace(ctx, algo.Library(name)).Result(); err != nil {
-			if strings.Contains(strings.ToLower(err.Error()), "unknown command") {
-				return nil, nil, nil, errNoFunctions
-			}
-			return nil, nil, nil, fmt.Errorf("FUNCTION LOAD: %w", err)
+		if err := loadLibrary(ctx, rdb, algo.Library(name)); err != nil {
+			return nil, nil, nil, err
 		}
 		cmd = []string{"fcall", name + "_decide"}
 	case viaBare:
-		if _, err := rdb.FunctionLoadReplace(ctx, bareLibrary).Result(); err != nil {
-			if strings.Contains(strings.ToLower(err.Error()), "unknown command") {
-				return nil, nil, nil, errNoFunctions
-			}
-			return nil, nil, nil, fmt.Errorf("FUNCTION LOAD: %w", err)
+		if err := loadLibrary(ctx, rdb, bareLibrary); err != nil {
+			return nil, nil, nil, err
 		}
 		cmd = []string{"fcall", "ratelimit_bench_bare_rw"}
 	default:
@@ -154,21 +148,29 @@ func (lt *loadtest) prepareCall(ctx context.Context, rdb *goredis.Client, via st
 	return cmd, keys, argv, nil
 }
 
+// loadLibrary loads (or replaces) the function library code into Redis;
+// errNoFunctions when Redis has no functions.
+func loadLibrary(ctx context.Context, rdb *goredis.Client, code string) error {
+	if _, err := rdb.FunctionLoadReplace(ctx, code).Result(); err != nil {
+		if strings.Contains(strings.ToLower(err.Error()), "unknown command") {
+			return errNoFunctions
+		}
+		return fmt.Errorf("FUNCTION LOAD: %w", err)
+	}
+	return nil
+}
+
 // redisBenchmark runs redis-benchmark calling the decision code (via
 // EVALSHA or FCALL) with the arguments of one decision, pipelined this
 // deep.
 func (lt *loadtest) redisBenchmark(ctx context.Context, rdb *goredis.Client, addr string, redisPID int, via string, pipeline int) (scenario, error) {
 	c := lt.cfg
-	what := "decision script"
+	name := fmt.Sprintf("redis-benchmark: %s of the decision script, %d clients", via, c.Workers)
 	switch via {
 	case viaFunction:
-		what = "decision function"
+		name = fmt.Sprintf("redis-benchmark: %s of the decision function, %d clients", via, c.Workers)
 	case viaBare:
-		what = "bare read-and-write function"
-	}
-	name := fmt.Sprintf("redis-benchmark: %s of the %s, %d clients", via, what, c.Workers)
-	if via == viaBare {
-		name = fmt.Sprintf("floor: redis-benchmark: FCALL of a %s (TIME, MGET, SET, reply), %d clients", what, c.Workers)
+		name = fmt.Sprintf("floor: redis-benchmark: FCALL of a bare read-and-write function (TIME, MGET, SET, reply), %d clients", c.Workers)
 	}
 	if pipeline > 1 {
 		name += fmt.Sprintf(", %d-deep pipeline", pipeline)
@@ -189,11 +191,11 @@ func (lt *loadtest) redisBenchmark(ctx context.Context, rdb *goredis.Client, add
 	if err != nil {
 		return scenario{}, err
 	}
+	does := fmt.Sprintf("decides the %d limit(s) of (%s, …) in domain %s", len(keys), c.Key, c.Domain)
 	if via == viaBare {
-		row.Notes = append(row.Notes, fmt.Sprintf("each call reads and writes the %d key(s) of a decision of (%s, …) in domain %s, called with its arguments, and decides nothing; redis-benchmark reports no p99.9", len(keys), c.Key, c.Domain))
-		return row, nil
+		does = fmt.Sprintf("reads and writes the %d key(s) of a decision of (%s, …) in domain %s, called with its arguments, and decides nothing", len(keys), c.Key, c.Domain)
 	}
-	row.Notes = append(row.Notes, fmt.Sprintf("each call decides the %d limit(s) of (%s, …) in domain %s; redis-benchmark reports no p99.9", len(keys), c.Key, c.Domain))
+	row.Notes = append(row.Notes, "each call "+does+"; redis-benchmark reports no p99.9")
 	return row, nil
 }
 

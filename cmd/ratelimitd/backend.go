@@ -297,12 +297,9 @@ func (c clusterNodes) DecideVia(ctx context.Context, gate breaker.Gate, reqs []a
 // -redis-read-timeout: a Redis call then gives up at the read timeout, and
 // the backend's deadline never comes into play (docs/failure-modes.md,
 // "The margin").
+// Both are positive once validated.
 func (b *backendStore) warnReadTimeout(log *slog.Logger) {
-	read := b.redis.config.ReadTimeout
-	if read <= 0 {
-		read = redis.DefaultReadTimeout
-	}
-	if b.breaker.Timeout > read {
+	if read := b.redis.config.ReadTimeout; b.breaker.Timeout > read {
 		log.Warn("Redis calls give up at -redis-read-timeout, before -backend-timeout: raise the read timeout to at least the backend timeout, or lower the backend timeout",
 			"backend_timeout", b.breaker.Timeout, "redis_read_timeout", read)
 	}
