@@ -914,8 +914,8 @@ func (s *Server) rebalance(c *call, now time.Time) {
 	if !l.backs(p.limit, now) || p.renewal(l.contended(p.limit)) {
 		room += l.free
 	}
-	for id, m := range p.members {
-		t := p.targetOf(m, s.pol, l.gCount, l.gDemand)
+	for _, c := range s.shortestFirst(p) {
+		id, m, t := c.id, c.m, c.target
 		// A small shortfall is pushed only when units nobody holds appeared
 		// (a stream ended, a replica gave back): it is otherwise the
 		// rounding of targets that sum a little over the limit. A member
@@ -948,6 +948,32 @@ func (s *Server) rebalance(c *call, now time.Time) {
 	}
 }
 
+// candidate is a member of a pool with its target, as rebalance and
+// pollStarved weigh it.
+type candidate struct {
+	id     uint64
+	m      *member
+	target uint64
+}
+
+// shortestFirst returns the members of pool p with their targets, those
+// whose assignment is furthest short of their target first (then by
+// stream id): a pool that can raise only some of its members raises
+// those that lack the most, and the same state always picks the same
+// members, whatever the order of Go's maps. Called with s.mu held.
+func (s *Server) shortestFirst(p *pool) []candidate {
+	l := &p.lease
+	cs := make([]candidate, 0, len(p.members))
+	for id, m := range p.members {
+		cs = append(cs, candidate{id, m, p.targetOf(m, s.pol, l.gCount, l.gDemand)})
+	}
+	short := func(c candidate) int64 { return int64(c.target) - int64(c.m.assigned) }
+	slices.SortFunc(cs, func(a, b candidate) int {
+		return cmp.Or(cmp.Compare(short(b), short(a)), cmp.Compare(a.id, b.id))
+	})
+	return cs
+}
+
 // pollStarved has pool p look at the store again in a fifth of interval
 // when it is starved: contended, its targets over what it holds by more
 // than an eighth, and nothing free at its last look. Another replica
@@ -975,10 +1001,12 @@ func (s *Server) pollStarved(p *pool, interval time.Duration, now time.Time) {
 		if l.dropped || len(p.members) == 0 {
 			return
 		}
-		// The member that is pushed reads the store (a starved pool reads
-		// at every report, see decide) and, if units were freed, is
-		// assigned more; an assignment that did not change is not sent.
-		for id := range p.members {
+		// The member that is pushed, the one furthest short of its
+		// target, reads the store (a starved pool reads at every report,
+		// see decide) and, if units were freed, is assigned more; an
+		// assignment that did not change is not sent.
+		for _, c := range s.shortestFirst(p) {
+			id := c.id
 			ss := s.open[id]
 			if ss == nil || ss.buckets[p.bucket] == nil || ss.moved[p.bucket] {
 				continue
