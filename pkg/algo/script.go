@@ -124,9 +124,44 @@ func AppendRequestArgs(dst []any, reqs []Request) []any {
 		if r.Counting() {
 			f |= 4
 		}
-		dst = append(dst, limitArg(r.Limit), strconv.FormatUint(r.Hits, 10), flagsArg(r, f))
+		dst = append(dst, limitArg(r.Limit), hitsArg(r.Hits), flagsArg(r, f))
 	}
 	return dst
+}
+
+// hitsArg formats a request's hits argument. The counts nearly every
+// request carries (0 and 1) are constants, which an interface holds
+// without allocating.
+func hitsArg(n uint64) any {
+	switch n {
+	case 0:
+		return "0"
+	case 1:
+		return "1"
+	}
+	return strconv.FormatUint(n, 10)
+}
+
+// digitArg is the flags argument of a request with nothing after its
+// digit f, as a constant: it takes no allocation to pass.
+func digitArg(f int) any {
+	switch f {
+	case 0:
+		return "0"
+	case 1:
+		return "1"
+	case 2:
+		return "2"
+	case 3:
+		return "3"
+	case 4:
+		return "4"
+	case 5:
+		return "5"
+	case 6:
+		return "6"
+	}
+	return "7"
 }
 
 // flagsArg formats a request's flags argument: the digit f of its shadow,
@@ -134,7 +169,7 @@ func AppendRequestArgs(dst []any, reqs []Request) []any {
 // " g MARK", for a reservation of a fixed window " h TTL_US", for a
 // settle of one " s", and for a [Plain] fixed window " w AT_US TTL_S". A take the script would decide as a plain request (see
 // [Apply]) is sent as one.
-func flagsArg(r *Request, f int) string {
+func flagsArg(r *Request, f int) any {
 	digit := "01234567"[f : f+1]
 	leasable := r.Limit.Algorithm.Leasable()
 	switch {
@@ -165,7 +200,7 @@ func flagsArg(r *Request, f int) string {
 	case r.Limit.Algorithm == Concurrency && (r.Op == OpAcquire || r.Op == OpRelease || r.Op == OpRenew):
 		return digit + " " + "arn"[r.Op-OpAcquire:r.Op-OpAcquire+1] + " " + r.Holder.String()
 	}
-	return digit
+	return digitArg(f)
 }
 
 // limitArg formats l as the script's limit argument: "algorithm N W B",

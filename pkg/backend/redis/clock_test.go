@@ -31,7 +31,8 @@ func TestLateCallDecidesNothing(t *testing.T) {
 			}
 			past, future := redisNow.Add(-time.Second), redisNow.Add(time.Minute)
 			reqs := []algo.Request{{Key: []byte("one"), Limit: l, Hits: 2}}
-			keys, _ := b.prepare(reqs, false)
+			keys := make([]string, len(reqs))
+			b.prepare(keys, reqs, false)
 
 			_, err = b.run(ctx, c, keys, algo.AppendScriptArgs(nil, time.Time{}, 0, past, reqs))
 			if !algo.IsLate(err) {
@@ -51,8 +52,9 @@ func TestLateCallDecidesNothing(t *testing.T) {
 
 			// Batches: the first late, the second on time.
 			batches := [][]algo.Request{{{Key: []byte("a"), Limit: l, Hits: 1}}, {{Key: []byte("b"), Limit: l, Hits: 1}}}
-			ka, _ := b.prepare(batches[0], false)
-			kb, _ := b.prepare(batches[1], false)
+			ka, kb := make([]string, len(batches[0])), make([]string, len(batches[1]))
+			b.prepare(ka, batches[0], false)
+			b.prepare(kb, batches[1], false)
 			args := algo.AppendBatchesHeader(nil, time.Time{}, 0, time.Time{}, 2)
 			args = algo.AppendBatchLen(args, 1, past)
 			args = algo.AppendBatchLen(args, 1, future)

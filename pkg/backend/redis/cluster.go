@@ -192,7 +192,8 @@ func (b *Backend) primary(ctx context.Context, key string) string {
 // per slot: one round trip; each group is all or nothing on its own. With
 // a gate, the primaries are admitted first and their outcomes reported.
 func (b *Backend) decideCluster(ctx context.Context, now time.Time, reqs []algo.Request, out []algo.Decision, gate Gate) error {
-	keys, reqs := b.prepare(reqs, true)
+	keys := make([]string, len(reqs))
+	reqs = b.prepare(keys, reqs, true)
 	var groupBuf [4]*slotGroup // the groups of most batches, on the stack
 	groups := groupBySlot(groupBuf[:0], keys, reqs)
 	start := time.Now()

@@ -44,6 +44,11 @@ type job struct {
 	err      error
 	state    atomic.Int32  // jobWaiting, jobSent, then jobDelivered or jobAbandoned
 	done     chan struct{} // closed once delivered
+	// The keys, arguments and decisions of a job of one request, nearly
+	// every job: no slices of their own to allocate.
+	oneKey  [1]string
+	oneArgs [algo.ScriptArgsPerRequest]any
+	oneRes  [1]algo.Decision
 }
 
 // A job's states.
@@ -85,10 +90,15 @@ func (c *coalescer) close() { close(c.quit) }
 
 // decide queues reqs for a worker and waits for its decisions, or for ctx.
 func (c *coalescer) decide(ctx context.Context, reqs []algo.Request, out []algo.Decision) error {
-	j := &job{ctx: ctx, start: time.Now(), n: len(reqs), res: make([]algo.Decision, len(reqs)), done: make(chan struct{})}
+	j := &job{ctx: ctx, start: time.Now(), n: len(reqs), done: make(chan struct{})}
 	j.deadline, _ = ctx.Deadline()
-	j.keys, reqs = c.b.prepare(reqs, false)
-	j.args = algo.AppendRequestArgs(make([]any, 0, algo.ScriptArgsPerRequest*len(reqs)), reqs)
+	if len(reqs) == 1 {
+		j.keys, j.args, j.res = j.oneKey[:], j.oneArgs[:0], j.oneRes[:]
+	} else {
+		j.keys, j.args, j.res = make([]string, len(reqs)), make([]any, 0, algo.ScriptArgsPerRequest*len(reqs)), make([]algo.Decision, len(reqs))
+	}
+	reqs = c.b.prepare(j.keys, reqs, false)
+	j.args = algo.AppendRequestArgs(j.args, reqs)
 	select {
 	case c.jobs <- j:
 	case <-ctx.Done():

@@ -193,7 +193,8 @@ func (b *Backend) decide(ctx context.Context, now time.Time, reqs []algo.Request
 		return b.decideCluster(ctx, now, reqs, out, nil)
 	}
 
-	keys, reqs := b.prepare(reqs, false)
+	keys := make([]string, len(reqs))
+	reqs = b.prepare(keys, reqs, false)
 	start := time.Now()
 	giveUp := b.giveUp(ctx, start)
 	bound := b.lateBound(start, giveUp)
@@ -217,7 +218,8 @@ func (b *Backend) Reset(ctx context.Context, reqs []algo.Request) error {
 	if len(reqs) == 0 {
 		return nil
 	}
-	refs, _ := b.prepare(reqs, b.cluster != nil)
+	refs := make([]string, len(reqs))
+	b.prepare(refs, reqs, b.cluster != nil)
 	_, err := b.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
 		for i := range reqs {
 			key := b.opts.Prefix + string(reqs[i].Key)

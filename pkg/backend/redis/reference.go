@@ -41,12 +41,12 @@ func (b *Backend) replicaNow() time.Time {
 	return time.Now()
 }
 
-// prepare returns the Redis key of each request of reqs and the requests
-// to send: reqs itself, or when some request is kept in the reference
-// layout a copy in which those are marked [algo.Plain]. tagged asks for the
-// native keys of a Cluster, with their hash tags.
-func (b *Backend) prepare(reqs []algo.Request, tagged bool) ([]string, []algo.Request) {
-	keys := make([]string, len(reqs))
+// prepare sets keys[i], keys as long as reqs, to the Redis key of
+// reqs[i] and returns the requests to send: reqs itself, or when some
+// request is kept in the reference layout a copy in which those are marked
+// [algo.Plain]. tagged asks for the native keys of a Cluster, with their
+// hash tags.
+func (b *Backend) prepare(keys []string, reqs []algo.Request, tagged bool) []algo.Request {
 	var now time.Time
 	sent := reqs
 	for i := range reqs {
@@ -75,5 +75,5 @@ func (b *Backend) prepare(reqs []algo.Request, tagged bool) ([]string, []algo.Re
 		}
 		sent[i].Plain = algo.Plain{At: now, TTL: time.Duration(ttl) * time.Second}
 	}
-	return keys, sent
+	return sent
 }
