@@ -137,7 +137,7 @@ func TestClusterPrimaryLost(t *testing.T) {
 	}
 	admin := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Seeds})
 	defer admin.Close()
-	awayFromHourBoundary(t, admin, time.Minute)
+	redistest.AwayFromHourEnd(t, admin, time.Minute)
 
 	// Every key is decided once, then found on its primary.
 	users, leased, teams := make([]string, failoverKeys), make([]string, failoverKeys), make([]string, failoverKeys)

@@ -113,7 +113,7 @@ func TestLeasedAcrossReplicas(t *testing.T) {
 			}
 			for _, a := range topo.algorithms {
 				t.Run(a, func(t *testing.T) {
-					awayFromHourBoundary(t, admin, 30*time.Second)
+					redistest.AwayFromHourEnd(t, admin, 30*time.Second)
 					local := func() (n float64) {
 						for _, s := range servers {
 							n += metric(t, s, `ratelimitd_lease_decisions_total{path="local"}`)
@@ -150,6 +150,11 @@ func TestLeasedAcrossReplicas(t *testing.T) {
 func TestLeasesOutliveRedis(t *testing.T) {
 	rules := writeLeasedRules(t)
 	node := redistest.StartNode(t)
+	// A fixed window's leases end with it: an hour's end while Redis is
+	// down would leave nothing held to admit.
+	admin := goredis.NewClient(&goredis.Options{Addr: node.Addr})
+	redistest.AwayFromHourEnd(t, admin, 30*time.Second)
+	admin.Close()
 	srv := startServer(t, "-config", rules, "-backend", "redis", "-redis-url", "redis://"+node.Addr,
 		"-failure-mode", "closed", "-backend-timeout", chaosTimeout.String(),
 		"-circuit-failures", "3", "-circuit-cooldown", chaosCooldown.String(),

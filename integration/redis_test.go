@@ -111,21 +111,6 @@ func hammer(t *testing.T, clients []rlsv3.RateLimitServiceClient, callers, total
 	return int(nOK.Load()), int(nOver.Load())
 }
 
-// awayFromHourBoundary waits, when the Redis clock is within margin of a
-// full hour, until that hour has begun: a fixed window of one hour would
-// otherwise admit a second N across the boundary.
-func awayFromHourBoundary(t *testing.T, c goredis.UniversalClient, margin time.Duration) {
-	t.Helper()
-	now, err := c.Time(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if left := now.Truncate(time.Hour).Add(time.Hour).Sub(now); left < margin {
-		t.Logf("Redis clock %v is %v before the hour; waiting for it", now, left)
-		time.Sleep(left + time.Second)
-	}
-}
-
 // startReplicas starts n ratelimitd processes with args and returns a
 // client of each.
 func startReplicas(t *testing.T, argsOf func(i int) []string, n int) []rlsv3.RateLimitServiceClient {
@@ -165,7 +150,7 @@ func TestExactAcrossReplicas(t *testing.T) {
 			clients := startReplicas(t, func(int) []string { return args }, 3)
 			for _, a := range exactAlgorithms {
 				t.Run(a, func(t *testing.T) {
-					awayFromHourBoundary(t, admin, 30*time.Second)
+					redistest.AwayFromHourEnd(t, admin, 30*time.Second)
 					ok, over := hammer(t, clients, 60, 3*exactLimit, descriptorRequest("exact", "algorithm", a))
 					if ok != exactLimit || over != 2*exactLimit {
 						t.Errorf("3 replicas admitted %d of %d calls and refused %d; want exactly %d admitted", ok, 3*exactLimit, over, exactLimit)
@@ -323,7 +308,7 @@ func TestClusterResharding(t *testing.T) {
 	req := descriptorRequest("exact", "algorithm", "fixed_window")
 	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Seeds})
 	defer cc.Close()
-	awayFromHourBoundary(t, cc, time.Minute)
+	redistest.AwayFromHourEnd(t, cc, time.Minute)
 
 	admitted := 0
 	for range 30 {

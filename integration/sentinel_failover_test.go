@@ -120,7 +120,7 @@ func plannedFailover(t *testing.T, rules string, replicas, minReplicas int, paus
 	client := rlsv3.NewRateLimitServiceClient(srv.dial(t))
 	master := goredis.NewClient(&goredis.Options{Addr: s.Master.Addr})
 	defer master.Close()
-	awayFromHourBoundary(t, master, time.Minute)
+	redistest.AwayFromHourEnd(t, master, time.Minute)
 
 	var (
 		r                   plannedResult

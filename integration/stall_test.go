@@ -60,7 +60,7 @@ func stall(t *testing.T, dir string, extra ...string) {
 	node := redistest.StartNode(t)
 	admin := goredis.NewClient(&goredis.Options{Addr: node.Addr})
 	defer admin.Close()
-	awayFromHourBoundary(t, admin, 30*time.Second)
+	redistest.AwayFromHourEnd(t, admin, 30*time.Second)
 	// A deadline of 500 ms, which the calls of a loaded machine never
 	// reach while Redis runs: those refused are those of the stall.
 	srv := startServer(t, append([]string{"-config", dir, "-backend", "redis", "-redis-url", "redis://" + node.Addr,

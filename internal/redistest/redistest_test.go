@@ -319,3 +319,21 @@ func (f *fakeT) Fatalf(format string, args ...any) {
 	f.msg = strings.TrimSpace(fmt.Sprintf(format, args...))
 	panic(f)
 }
+
+func TestHourEndWait(t *testing.T) {
+	hour := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		now    time.Time
+		margin time.Duration
+		want   time.Duration
+	}{
+		{hour.Add(-5 * time.Second), 15 * time.Second, 6 * time.Second}, // the CI run that crossed 10:00
+		{hour.Add(-15 * time.Second), 15 * time.Second, 0},
+		{hour, 15 * time.Second, 0},
+		{hour.Add(59*time.Minute + 50*time.Second), 30 * time.Second, 11 * time.Second},
+	} {
+		if got := hourEndWait(tc.now, tc.margin); got != tc.want {
+			t.Errorf("hourEndWait(%v, %v) = %v, want %v", tc.now.Format(time.TimeOnly), tc.margin, got, tc.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -70,4 +71,34 @@ func infoField(info, field string) string {
 		}
 	}
 	return ""
+}
+
+// AwayFromHourEnd waits, when the clock of the Redis behind c is within
+// margin of a full hour, until that hour has begun. A test that counts
+// hits in fixed windows of an hour, and reads back what was counted,
+// would otherwise see the window roll over under it: the hits before the
+// hour counted in one window, the read in the next. margin is the most
+// the test's counting takes.
+func AwayFromHourEnd(t testing.TB, c redis.UniversalClient, margin time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatalf("redistest: reading the Redis clock: %v", err)
+	}
+	if wait := hourEndWait(now, margin); wait > 0 {
+		t.Logf("Redis clock %v is %v before the hour; waiting for it", now, wait-time.Second)
+		time.Sleep(wait)
+	}
+}
+
+// hourEndWait returns how long to wait at now so that margin fits before
+// the end of the hour: nothing when it fits, else until a second into the
+// next hour.
+func hourEndWait(now time.Time, margin time.Duration) time.Duration {
+	if left := now.Truncate(time.Hour).Add(time.Hour).Sub(now); left < margin {
+		return left + time.Second
+	}
+	return 0
 }
