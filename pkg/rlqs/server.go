@@ -914,8 +914,8 @@ func (s *Server) rebalance(c *call, now time.Time) {
 	if !l.backs(p.limit, now) || p.renewal(l.contended(p.limit)) {
 		room += l.free
 	}
-	for _, c := range s.shortestFirst(p) {
-		id, m, t := c.id, c.m, c.target
+	for _, cd := range s.shortestFirst(p) {
+		id, m, t := cd.id, cd.m, cd.target
 		// A small shortfall is pushed only when units nobody holds appeared
 		// (a stream ended, a replica gave back): it is otherwise the
 		// rounding of targets that sum a little over the limit. A member
@@ -1005,8 +1005,8 @@ func (s *Server) pollStarved(p *pool, interval time.Duration, now time.Time) {
 		// target, reads the store (a starved pool reads at every report,
 		// see decide) and, if units were freed, is assigned more; an
 		// assignment that did not change is not sent.
-		for _, c := range s.shortestFirst(p) {
-			id := c.id
+		for _, cd := range s.shortestFirst(p) {
+			id := cd.id
 			ss := s.open[id]
 			if ss == nil || ss.buckets[p.bucket] == nil || ss.moved[p.bucket] {
 				continue
