@@ -914,8 +914,10 @@ func (s *Server) rebalance(c *call, now time.Time) {
 	if !l.backs(p.limit, now) || p.renewal(l.contended(p.limit)) {
 		room += l.free
 	}
-	for _, cd := range s.shortestFirst(p) {
-		id, m, t := cd.id, cd.m, cd.target
+	// A member spends room only when it is short of its target; those
+	// are pushed furthest short first (shortestFirst), the others when
+	// their target drifted, in any order.
+	visit := func(id uint64, m *member, t uint64) {
 		// A small shortfall is pushed only when units nobody holds appeared
 		// (a stream ended, a replica gave back): it is otherwise the
 		// rounding of targets that sum a little over the limit. A member
@@ -928,23 +930,33 @@ func (s *Server) rebalance(c *call, now time.Time) {
 		}
 		short := gain > 0 && (l.free > 0 || t-m.assigned > t/8) && !keeps(m.assigned+gain, m.assigned, true)
 		if !drifted(t, m.target) && !short {
-			continue
+			return
 		}
 		if short {
 			room -= gain
 		}
 		ss := s.open[id]
-		if ss == nil {
-			continue
-		}
-		if ss.buckets[p.bucket] == nil || ss.moved[p.bucket] {
-			continue
+		if ss == nil || ss.buckets[p.bucket] == nil || ss.moved[p.bucket] {
+			return
 		}
 		if ss.moved == nil {
 			ss.moved = make(map[string]bool)
 		}
 		ss.moved[p.bucket] = true
 		ss.signal()
+	}
+	var wanting []candidate
+	for id, m := range p.members {
+		t := p.targetOf(m, s.pol, l.gCount, l.gDemand)
+		if m.assigned < t && room > 0 {
+			wanting = append(wanting, candidate{id, m, t})
+			continue
+		}
+		visit(id, m, t)
+	}
+	slices.SortFunc(wanting, shortestFirst)
+	for _, cd := range wanting {
+		visit(cd.id, cd.m, cd.target)
 	}
 }
 
@@ -956,22 +968,16 @@ type candidate struct {
 	target uint64
 }
 
-// shortestFirst returns the members of pool p with their targets, those
-// whose assignment is furthest short of their target first (then by
-// stream id): a pool that can raise only some of its members raises
-// those that lack the most, and the same state always picks the same
-// members, whatever the order of Go's maps. Called with s.mu held.
-func (s *Server) shortestFirst(p *pool) []candidate {
-	l := &p.lease
-	cs := make([]candidate, 0, len(p.members))
-	for id, m := range p.members {
-		cs = append(cs, candidate{id, m, p.targetOf(m, s.pol, l.gCount, l.gDemand)})
-	}
-	short := func(c candidate) int64 { return int64(c.target) - int64(c.m.assigned) }
-	slices.SortFunc(cs, func(a, b candidate) int {
-		return cmp.Or(cmp.Compare(short(b), short(a)), cmp.Compare(a.id, b.id))
-	})
-	return cs
+// shortfall is how far c's assignment is short of its target (negative:
+// over it).
+func (c candidate) shortfall() int64 { return int64(c.target) - int64(c.m.assigned) }
+
+// shortestFirst orders the members of a pool that raises only some of
+// them: the one furthest short of its target first, then the lower stream
+// id, so that the same state always picks the same members, whatever the
+// order of Go's maps.
+func shortestFirst(a, b candidate) int {
+	return cmp.Or(cmp.Compare(b.shortfall(), a.shortfall()), cmp.Compare(a.id, b.id))
 }
 
 // pollStarved has pool p look at the store again in a fifth of interval
@@ -1005,19 +1011,25 @@ func (s *Server) pollStarved(p *pool, interval time.Duration, now time.Time) {
 		// target, reads the store (a starved pool reads at every report,
 		// see decide) and, if units were freed, is assigned more; an
 		// assignment that did not change is not sent.
-		for _, cd := range s.shortestFirst(p) {
-			id := cd.id
+		var pick *stream
+		var best candidate
+		for id, m := range p.members {
 			ss := s.open[id]
 			if ss == nil || ss.buckets[p.bucket] == nil || ss.moved[p.bucket] {
 				continue
 			}
-			if ss.moved == nil {
-				ss.moved = make(map[string]bool)
+			if cd := (candidate{id, m, p.targetOf(m, s.pol, l.gCount, l.gDemand)}); pick == nil || shortestFirst(cd, best) < 0 {
+				pick, best = ss, cd
 			}
-			ss.moved[p.bucket] = true
-			ss.signal()
+		}
+		if pick == nil {
 			return
 		}
+		if pick.moved == nil {
+			pick.moved = make(map[string]bool)
+		}
+		pick.moved[p.bucket] = true
+		pick.signal()
 	})
 }
 
