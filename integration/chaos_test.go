@@ -137,9 +137,7 @@ func TestRedisFailures(t *testing.T) {
 				if fault == "pause" {
 					// checkPauseCounted reads back what the hour's
 					// window counted: not across the hour's end.
-					admin := goredis.NewClient(&goredis.Options{Addr: node.Addr})
-					redistest.AwayFromHourEnd(t, admin, 30*time.Second)
-					admin.Close()
+					node.AwayFromHourEnd(t, 30*time.Second)
 				}
 				srv := startServer(t, "-config", rules, "-backend", "redis", "-redis-url", "redis://"+node.Addr,
 					"-failure-mode", mode, "-backend-timeout", chaosTimeout.String(),

@@ -152,9 +152,7 @@ func TestLeasesOutliveRedis(t *testing.T) {
 	node := redistest.StartNode(t)
 	// A fixed window's leases end with it: an hour's end while Redis is
 	// down would leave nothing held to admit.
-	admin := goredis.NewClient(&goredis.Options{Addr: node.Addr})
-	redistest.AwayFromHourEnd(t, admin, 30*time.Second)
-	admin.Close()
+	node.AwayFromHourEnd(t, 30*time.Second)
 	srv := startServer(t, "-config", rules, "-backend", "redis", "-redis-url", "redis://"+node.Addr,
 		"-failure-mode", "closed", "-backend-timeout", chaosTimeout.String(),
 		"-circuit-failures", "3", "-circuit-cooldown", chaosCooldown.String(),

@@ -102,3 +102,11 @@ func hourEndWait(now time.Time, margin time.Duration) time.Duration {
 	}
 	return 0
 }
+
+// AwayFromHourEnd is [AwayFromHourEnd] on the clock of n.
+func (n *Node) AwayFromHourEnd(t testing.TB, margin time.Duration) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: n.Addr})
+	defer c.Close()
+	AwayFromHourEnd(t, c, margin)
+}

@@ -3,6 +3,7 @@ package rlqs
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -237,4 +238,33 @@ func TestHeadroom(t *testing.T) {
 			t.Errorf("demands %v, headroom %v: target %d, want %d", c.demands, c.headroom, got, c.want)
 		}
 	}
+}
+
+// TestShortestFirst checks the order in which a pool raises its members
+// when it can raise only some: furthest short of its target first, over
+// its target last, equal shortfalls by stream id, whatever order the
+// members come in (Go's maps give a new one each run).
+func TestShortestFirst(t *testing.T) {
+	c := func(id, target, assigned uint64) candidate {
+		return candidate{id: id, m: &member{assigned: assigned}, target: target}
+	}
+	want := []candidate{c(7, 50, 10), c(2, 30, 10), c(9, 30, 10), c(4, 20, 15), c(1, 20, 20), c(3, 10, 25)}
+	for seed := range uint64(20) {
+		got := slices.Clone(want)
+		rand.New(rand.NewPCG(seed, 1)).Shuffle(len(got), func(i, j int) { got[i], got[j] = got[j], got[i] })
+		slices.SortFunc(got, shortestFirst)
+		for i := range want {
+			if got[i].id != want[i].id {
+				t.Fatalf("seed %d: order %v, want ids 7 2 9 4 1 3", seed, ids(got))
+			}
+		}
+	}
+}
+
+func ids(cs []candidate) []uint64 {
+	out := make([]uint64, len(cs))
+	for i, c := range cs {
+		out[i] = c.id
+	}
+	return out
 }

@@ -33,7 +33,7 @@ func TestStalledCallIsDecidedOnce(t *testing.T) {
 				b := dial(t, Config{URL: "redis://" + node.Addr, ReadTimeout: readTimeout}, opts)
 				// The hits are read back from the hour's window: not
 				// across the hour's end.
-				redistest.AwayFromHourEnd(t, b.client, 15*time.Second)
+				node.AwayFromHourEnd(t, 15*time.Second)
 				l := algo.Limit{Algorithm: algo.FixedWindow, Requests: 1_000_000, Window: time.Hour}
 				key := descriptorKey("repeat", "caller", "c", l)
 				decide := func(hits uint64) (algo.Decision, error) {
